@@ -1,0 +1,76 @@
+"""``torch.compile(model, backend="fxflash")``.
+
+Dynamo hands the backend a torch-level FX graph and example inputs. The backend traces it to
+the ATen graph the pipeline reads (the same capture as ``optimize``), rewrites the chains it
+can fuse, and hands the result to an inner compiler:
+
+* ``inner="inductor"`` (default): TorchInductor compiles the rest of the graph; fused regions
+  are opaque custom ops to it.
+* ``inner="eager"``: the rewritten graph runs as it is.
+
+Choose with ``torch.compile(model, backend="fxflash", options={"inner": "eager"})`` or
+``torch.compile(model, backend=fxflash.backend(inner="eager"))``. The backend is registered
+through the ``torch_dynamo_backends`` entry point, so it works without ``import fxflash``.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .capture import capture
+from .pipeline import optimize_graph
+
+log = logging.getLogger("fxflash")
+
+INNER_COMPILERS = ("inductor", "eager")
+
+
+def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs):
+    if inner == "eager":
+        return gm
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
+
+
+def _retrace(gm: torch.fx.GraphModule, example_inputs):
+    """Trace Dynamo's graph to the decomposed, functional ATen graph (flat outputs)."""
+    captured = capture(lambda *xs: gm(*xs), tuple(example_inputs))
+    return captured
+
+
+def backend(inner: str = "inductor"):
+    """A Dynamo backend callable that rewrites with fxflash, then compiles with ``inner``."""
+    if inner not in INNER_COMPILERS:
+        raise ValueError(f"fxflash backend: inner must be one of {INNER_COMPILERS}, got {inner!r}")
+
+    def fxflash_compile(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        captured = _retrace(gm, example_inputs)
+        rewritten, report = optimize_graph(captured.graph_module)
+        log.debug("fxflash backend: %r", report)
+        compiled = _inner_compile(inner, rewritten, example_inputs)
+
+        def run(*args):
+            return captured.run(compiled, {}, args, {})
+
+        return run
+
+    return fxflash_compile
+
+
+def fxflash_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+    """The registered backend: ``options={"inner": "inductor" | "eager"}``."""
+    options = dict(options or {})
+    inner = options.pop("inner", "inductor")
+    if options:
+        raise ValueError(f"fxflash backend: unknown options {sorted(options)}; known: ['inner']")
+    return backend(inner)(gm, example_inputs)
+
+
+def register() -> None:
+    """Register ``"fxflash"`` with Dynamo unless the entry point already did."""
+    from torch._dynamo.backends import registry
+
+    if "fxflash" not in registry._COMPILER_FNS:
+        registry.register_backend(fxflash_backend, name="fxflash")

@@ -1,0 +1,13 @@
+"""Stage 1: tracing, decomposition, functionalization, the input-signature cache."""
+from .signature import SignatureCache, signature_of, stride_class
+from .trace import CaptureError, CapturedGraph, capture, module_params
+
+__all__ = [
+    "CaptureError",
+    "CapturedGraph",
+    "SignatureCache",
+    "capture",
+    "module_params",
+    "signature_of",
+    "stride_class",
+]

@@ -1,0 +1,94 @@
+"""Input signatures: what a captured graph is specialized on.
+
+A graph traced for one signature is reused only for calls with the same signature: the same
+tensor shapes, dtypes, devices, stride class and ``requires_grad`` flags, the same values of
+non-tensor arguments, and the same grad mode. Anything else is captured anew.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Hashable
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def stride_class(t: torch.Tensor) -> tuple:
+    """The layout facts a trace may depend on: the order of the strides and which axes are
+    broadcast (stride 0) or of size one. Two tensors of one class are traced alike."""
+    order = tuple(sorted(range(t.dim()), key=lambda i: (-t.stride(i), i)))
+    zero = tuple(s == 0 for s in t.stride())
+    return (order, zero, t.is_contiguous())
+
+
+def _leaf_key(x: Any) -> Hashable:
+    if isinstance(x, torch.Tensor):
+        return (
+            "T",
+            tuple(x.shape),
+            x.dtype,
+            x.device.type,
+            x.device.index,
+            stride_class(x),
+            x.requires_grad,
+        )
+    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+        return ("V", type(x).__name__, x)
+    try:
+        hash(x)
+        return ("V", type(x).__name__, x)
+    except TypeError:
+        return ("O", type(x).__name__, id(x))
+
+
+def signature_of(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable:
+    """A hashable key for one call: its pytree structure, every leaf's key, the grad mode."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    param_key = tuple((n, _leaf_key(p)) for n, p in (params or {}).items())
+    return (str(spec), tuple(_leaf_key(x) for x in leaves), param_key, torch.is_grad_enabled())
+
+
+class SignatureCache:
+    """A bounded LRU map from signature to compiled graph, safe under concurrent first calls:
+    two threads that miss on the same key build it once."""
+
+    def __init__(self, capacity: Callable[[], int]):
+        self._capacity = capacity
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.RLock()
+        self._building: dict = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> list:
+        with self._lock:
+            return list(self._entries)
+
+    def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+            event = self._building.get(key)
+            owner = event is None
+            if owner:
+                event = self._building[key] = threading.Event()
+        if not owner:
+            event.wait()
+            with self._lock:
+                if key in self._entries:
+                    return self._entries[key]
+            return self.get_or_build(key, build)
+        try:
+            value = build()
+            with self._lock:
+                self._entries[key] = value
+                while len(self._entries) > max(1, self._capacity()):
+                    self._entries.popitem(last=False)
+            return value
+        finally:
+            with self._lock:
+                self._building.pop(key, None)
+            event.set()

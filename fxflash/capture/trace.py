@@ -1,0 +1,122 @@
+"""Capture: user code → a functional, shape-annotated ATen FX graph.
+
+``capture`` traces one call with ``make_fx`` over ``torch.func.functionalize`` (in-place ops
+become out-of-place, views stay views) and the decomposition table of
+:mod:`fxflash.capture.decompositions`. Every node carries ``meta["val"]``, a fake (or real)
+tensor with the node's shape, dtype, device and strides.
+
+The graph's placeholders are the module's parameters and buffers first (so an optimizer step
+is seen by the next call; nothing is baked in as a constant), then every tensor leaf of
+``(args, kwargs)`` in pytree order. Non-tensor leaves are specialized into the graph; the
+input signature (:mod:`fxflash.capture.signature`) guards them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .decompositions import decomposition_table
+
+log = logging.getLogger("fxflash")
+
+
+class CaptureError(RuntimeError):
+    """The code could not be traced to an FX graph; it runs eagerly instead."""
+
+
+@dataclasses.dataclass
+class CapturedGraph:
+    """One traced call: the graph and how to feed it.
+
+    graph_module:  the ATen graph; placeholders = parameters, then tensor leaves of the call.
+    param_names:   names of the module's parameters and buffers, in placeholder order.
+    in_spec:       pytree spec of ``(args, kwargs)``; ``tensor_positions`` are its tensor leaves.
+    out_spec:      pytree spec of the user's return value; the graph returns its flat leaves.
+    tracing_mode:  "fake" (no computation at capture) or "real" (data-dependent code).
+    """
+
+    graph_module: torch.fx.GraphModule
+    param_names: list
+    in_spec: Any
+    tensor_positions: list
+    out_spec: Any
+    tracing_mode: str
+
+    def flat_inputs(self, params: dict, args: tuple, kwargs: dict) -> list:
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        return [params[n] for n in self.param_names] + [leaves[i] for i in self.tensor_positions]
+
+    def run(self, module: torch.fx.GraphModule, params: dict, args: tuple, kwargs: dict) -> Any:
+        """Run ``module`` (this graph or a rewrite of it) on a call's inputs; rebuild the output."""
+        flat_out = module(*self.flat_inputs(params, args, kwargs))
+        return pytree.tree_unflatten(list(flat_out), self.out_spec)
+
+
+def _flat_function(fn: Callable, module, param_names, leaves, in_spec, tensor_positions, out_box):
+    def flat_fn(*flat_tensors):
+        params = dict(zip(param_names, flat_tensors[: len(param_names)]))
+        full = list(leaves)
+        for pos, t in zip(tensor_positions, flat_tensors[len(param_names):]):
+            full[pos] = t
+        args, kwargs = pytree.tree_unflatten(full, in_spec)
+        if module is not None:
+            out = torch.func.functional_call(module, params, args, kwargs, strict=False)
+        else:
+            out = fn(*args, **kwargs)
+        flat_out, out_spec = pytree.tree_flatten(out)
+        out_box[:] = [out_spec]
+        return flat_out
+
+    return flat_fn
+
+
+def capture(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict | None = None,
+    module: torch.nn.Module | None = None,
+    params: dict | None = None,
+) -> CapturedGraph:
+    """Trace ``fn(*args, **kwargs)`` (or ``module`` with ``params``) to a functional ATen graph.
+
+    Tries fake tracing first (no computation); code whose Python control flow reads tensor
+    values is traced again with real tensors. Raises :class:`CaptureError` if both fail.
+    """
+    kwargs = kwargs or {}
+    params = params or {}
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    tensor_positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    param_names = list(params)
+    inputs = [params[n] for n in param_names] + [leaves[i] for i in tensor_positions]
+    errors = []
+    for mode in ("fake", "real"):
+        out_box: list = []
+        flat_fn = _flat_function(fn, module, param_names, leaves, in_spec, tensor_positions, out_box)
+        try:
+            gm = make_fx(
+                torch.func.functionalize(flat_fn, remove="mutations"),
+                decomposition_table=decomposition_table(),
+                tracing_mode=mode,
+            )(*inputs)
+        except Exception as exc:  # noqa: BLE001 - any tracing failure falls back
+            errors.append(f"{mode} tracing: {type(exc).__name__}: {exc}")
+            log.debug("capture with tracing_mode=%s failed: %s", mode, exc)
+            continue
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        return CapturedGraph(gm, param_names, in_spec, tensor_positions, out_box[0], mode)
+    raise CaptureError("could not trace the code to an FX graph:\n  " + "\n  ".join(errors))
+
+
+def module_params(module: torch.nn.Module | None) -> dict:
+    """The live parameters and buffers of ``module``, by their qualified names."""
+    if module is None:
+        return {}
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(dict(module.named_buffers(remove_duplicate=False)))
+    return named

@@ -1,0 +1,49 @@
+"""Process-wide settings of fxflash.
+
+Every field can be changed at run time (``fxflash.config.cache_size = 16``) or set from the
+environment before import (``FXFLASH_CACHE_SIZE=16``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+log = logging.getLogger("fxflash")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+@dataclasses.dataclass
+class Config:
+    """Settings read by every stage.
+
+    cache_size:      input signatures kept per optimized callable (least recently used evicted).
+    fuse:            False turns fusion off: graphs are captured and analysed but run as traced.
+    interpret:       run generated kernels through Triton's interpreter (set automatically when
+                     no CUDA GPU is present; TRITON_INTERPRET must then be set before triton is
+                     imported, which ``fxflash`` does itself when it is the first to import it).
+    kernel_cache_dir: where generated kernels are stored (user-only permissions).
+    """
+
+    cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
+    fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
+    kernel_cache_dir: str = os.environ.get(
+        "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
+    )
+
+
+config = Config()
+
+
+def _configure_logging() -> None:
+    level = os.environ.get("FXFLASH_LOG")
+    if level:
+        logging.basicConfig()
+        log.setLevel(getattr(logging, level.upper(), logging.INFO))
+
+
+_configure_logging()

@@ -1,0 +1,129 @@
+"""``fxflash.optimize``: capture lazily per input signature, rewrite, run.
+
+The returned callable keeps a bounded LRU cache of compiled graphs keyed by the input
+signature (shapes, dtypes, devices, stride class, ``requires_grad``, grad mode, non-tensor
+argument values). Code that cannot be traced runs eagerly, with one warning.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from .capture import CaptureError, SignatureCache, capture, module_params, signature_of
+from .config import config
+from .pipeline import optimize_graph
+from .report import Report
+
+log = logging.getLogger("fxflash")
+
+
+class _Compiled:
+    """One signature's compiled graph, or the eager fallback when capture failed."""
+
+    def __init__(self, captured, runner, report: Report | None, error: str = ""):
+        self.captured = captured
+        self.runner = runner
+        self.report = report
+        self.error = error
+
+
+def _compile(fn, module, params, args, kwargs) -> _Compiled:
+    try:
+        captured = capture(fn, args, kwargs, module=module, params=params)
+    except CaptureError as exc:
+        warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=4)
+        return _Compiled(None, None, None, str(exc))
+    runner, report = optimize_graph(captured.graph_module)
+    return _Compiled(captured, runner, report)
+
+
+class _Optimizer:
+    """The shared machinery of OptimizedFunction and OptimizedModule."""
+
+    def __init__(self, fn: Callable, module: torch.nn.Module | None, cache_size: int | None):
+        self._fn = fn
+        self._module = module
+        self._cache_size = cache_size
+        self.cache = SignatureCache(lambda: self._cache_size or config.cache_size)
+
+    def compiled_for(self, args: tuple, kwargs: dict) -> tuple[_Compiled, dict]:
+        params = module_params(self._module)
+        key = signature_of(args, kwargs, params)
+        entry = self.cache.get_or_build(
+            key, lambda: _compile(self._fn, self._module, params, args, kwargs)
+        )
+        return entry, params
+
+    def __call__(self, *args, **kwargs) -> Any:
+        entry, params = self.compiled_for(args, kwargs)
+        if entry.captured is None:
+            return self._fn(*args, **kwargs)
+        return entry.captured.run(entry.runner, params, args, kwargs)
+
+
+class OptimizedFunction:
+    """What ``optimize(fn)`` returns for a plain function."""
+
+    def __init__(self, fn: Callable, cache_size: int | None = None):
+        functools.update_wrapper(self, fn)
+        self._optimizer = _Optimizer(fn, None, cache_size)
+
+    def __call__(self, *args, **kwargs):
+        return self._optimizer(*args, **kwargs)
+
+    def report(self, *args, **kwargs) -> Report | None:
+        """The report of the graph compiled for these inputs (compiling it if needed)."""
+        return self._optimizer.compiled_for(args, kwargs)[0].report
+
+
+class OptimizedModule(torch.nn.Module):
+    """What ``optimize(module)`` returns: an ``nn.Module`` whose forward is optimized.
+
+    The original module is ``_orig_mod``; its parameters and buffers are read live at each call.
+    """
+
+    def __init__(self, module: torch.nn.Module, cache_size: int | None = None):
+        super().__init__()
+        self._orig_mod = module
+        self._optimizer = _Optimizer(module.forward, module, cache_size)
+
+    def forward(self, *args, **kwargs):
+        return self._optimizer(*args, **kwargs)
+
+    def report(self, *args, **kwargs) -> Report | None:
+        return self._optimizer.compiled_for(args, kwargs)[0].report
+
+
+def optimize(fn_or_module, *, cache_size: int | None = None):
+    """Return a version of ``fn_or_module`` whose attention chains run as fused kernels.
+
+    ``fn_or_module``: an ``nn.Module`` (an ``nn.Module`` is returned) or a function of tensors.
+    ``cache_size``:   input signatures kept compiled (LRU); default ``fxflash.config.cache_size``.
+
+    The first call for each input signature captures and compiles; later calls with the same
+    signature reuse it. Outputs match eager PyTorch; regions the rules cannot prove equivalent
+    run unchanged (see ``fxflash.explain``).
+    """
+    if isinstance(fn_or_module, torch.nn.Module):
+        return OptimizedModule(fn_or_module, cache_size)
+    if not callable(fn_or_module):
+        raise TypeError(
+            f"fxflash.optimize expects an nn.Module or a function, got {type(fn_or_module).__name__}"
+        )
+    return OptimizedFunction(fn_or_module, cache_size)
+
+
+def explain(fn_or_module, *args, **kwargs) -> Report:
+    """Capture ``fn_or_module(*args, **kwargs)`` and report the candidate regions: their nodes
+    and sketches, whether each is fused, and the rule that refused it if not. Runs no kernel."""
+    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else None
+    if isinstance(fn_or_module, (OptimizedModule, OptimizedFunction)):
+        raise TypeError("pass the original function or module to fxflash.explain, not the optimized one")
+    fn = module.forward if module is not None else fn_or_module
+    captured = capture(fn, args, kwargs, module=module, params=module_params(module))
+    _, report = optimize_graph(captured.graph_module)
+    return report

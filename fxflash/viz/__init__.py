@@ -1,0 +1,1 @@
+"""Graph rendering for the notebook (see the visualisation issue)."""
