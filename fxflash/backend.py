@@ -69,8 +69,17 @@ def fxflash_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | No
 
 
 def register() -> None:
-    """Register ``"fxflash"`` with Dynamo unless the entry point already did."""
+    """Register ``"fxflash"`` with Dynamo when no installed entry point declares it.
+
+    With the package installed, Dynamo loads the entry point itself the first time the name is
+    used (registering here too would make that load fail as a duplicate). Used from a source
+    tree (``PYTHONPATH=.``), there is no entry point and ``import fxflash`` registers it.
+    """
+    import importlib.metadata
+
     from torch._dynamo.backends import registry
 
+    if "fxflash" in importlib.metadata.entry_points(group="torch_dynamo_backends").names:
+        return
     if "fxflash" not in registry._COMPILER_FNS:
         registry.register_backend(fxflash_backend, name="fxflash")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One entry point for newcomers and CI:  ./dev.sh demo  |  ./dev.sh test [pytest args]
+# Creates .venv on first use and installs what the command needs. A torch >= 2.11 already
+# in .venv is kept (install your CUDA build there first on a GPU machine); otherwise the
+# CPU build torch==2.13.0 is installed.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=${FXFLASH_VENV:-.venv}
+
+setup() {
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  if ! "$VENV/bin/python" - <<'PYEOF' 2>/dev/null
+import torch, sys
+major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 11) else 1)
+PYEOF
+  then
+    "$VENV/bin/pip" install -q torch==2.13.0
+  fi
+  "$VENV/bin/pip" install -q -e ".[dev]"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  demo) setup; exec "$VENV/bin/python" -m fxflash.demo "$@" ;;
+  test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2; exit 2 ;;
+esac

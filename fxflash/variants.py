@@ -1,0 +1,296 @@
+"""Attention variants written as their authors write them, in plain PyTorch.
+
+The demo, the tests and the benchmarks share these programs; none of them knows fxflash.
+Each ``Variant`` has the function and an input maker: ``variant.inputs(shape, dtype, device)``
+returns the positional arguments for one call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """Sizes of one attention call: batch, query heads, key/value heads, query and key
+    lengths, head dims of q/k and of v."""
+
+    B: int = 2
+    H: int = 4
+    Hkv: int = 4
+    M: int = 33
+    N: int = 47
+    D: int = 16
+    Dv: int = 16
+
+
+# ---------------------------------------------------------------- the softmax family
+def vanilla(q, k, v, mask=None):
+    """The Flashlight paper's Listing 1: in-place scaling, optional masked_fill."""
+    attn_scores = torch.matmul(q, k.transpose(-2, -1))
+    attn_scores *= 1 / math.sqrt(q.size(-1))
+    if mask is not None:
+        attn_scores = attn_scores.masked_fill(mask == 0, float("-inf"))
+    attn_weights = F.softmax(attn_scores, dim=-1)
+    return torch.matmul(attn_weights, v)
+
+
+def scale_q_first(q, k, v):
+    """Scale applied to q before the matmul."""
+    q = q * q.size(-1) ** -0.5
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def manual_softmax(q, k, v):
+    """A hand-written stable softmax."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def bshd(q, k, v):
+    """Inputs laid out ``[B, S, H, D]``, transposed inside; output ``[B, S, H, Dv]``."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out = torch.softmax(q @ k.transpose(-2, -1) * q.size(-1) ** -0.5, dim=-1) @ v
+    return out.transpose(1, 2)
+
+
+def gqa_repeat_interleave(q, k, v):
+    """Grouped-query attention: k and v have fewer heads, repeated with repeat_interleave."""
+    group = q.size(1) // k.size(1)
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v
+
+
+def gqa_expand(q, k, v):
+    """Grouped-query attention through expand + reshape (the Llama way)."""
+    b, hkv, n, d = k.shape
+    group = q.size(1) // hkv
+    k = k[:, :, None].expand(b, hkv, group, n, d).reshape(b, hkv * group, n, d)
+    v = v[:, :, None].expand(b, hkv, group, n, v.size(-1)).reshape(b, hkv * group, n, v.size(-1))
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1) @ v
+
+
+def alibi(q, k, v):
+    """ALiBi: a per-head linear bias on the query-key distance."""
+    h, m, n = q.size(1), q.size(2), k.size(2)
+    slopes = torch.exp2(-8.0 * torch.arange(1, h + 1, device=q.device) / h)
+    dist = torch.arange(n, device=q.device)[None, :] - torch.arange(m, device=q.device)[:, None]
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + slopes[:, None, None] * dist
+    return torch.softmax(s, dim=-1) @ v
+
+
+def softcap(q, k, v, cap=20.0):
+    """Tanh soft-capping of the scores (Gemma 2)."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    s = cap * torch.tanh(s / cap)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def causal(q, k, v):
+    """Causal mask built from a lower-triangular boolean matrix, aligned to the last query."""
+    m, n = q.size(-2), k.size(-2)
+    keep = torch.ones(m, n, dtype=torch.bool, device=q.device).tril(n - m)
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def sliding_window(q, k, v, window=8):
+    """Causal sliding-window attention over the last ``window`` keys."""
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    keep = (j <= i) & (i - j < window)
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = torch.where(keep, s, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def prefix_lm(q, k, v, prefix=8):
+    """Prefix-LM: bidirectional over the first ``prefix`` keys, causal after."""
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    keep = (j <= i) | (j < prefix)
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def document_mask(q, k, v, doc_ids):
+    """Packed documents: a query sees only keys of its own document (ids ``[N]``)."""
+    same = doc_ids[:, None] == doc_ids[None, :]
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = s.masked_fill(~same, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def key_padding(q, k, v, key_mask):
+    """Key-padding mask ``[B, 1, 1, N]``, True where a key is real."""
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = s.masked_fill(~key_mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def additive_mask(q, k, v, bias):
+    """A float mask ``[B, 1, M, N]`` added to the scores."""
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5 + bias
+    return torch.softmax(s, dim=-1) @ v
+
+
+# ---------------------------------------------------------------- beyond the template
+def _attention(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def diff_attention(q, k, v, lambda_full=0.5):
+    """Differential attention (Ye et al., 2024): two softmax maps over the same keys."""
+    q0, q1 = q.chunk(2, dim=1)
+    k0, k1 = k.chunk(2, dim=1)
+    return _attention(q0, k0, v) - lambda_full * _attention(q1, k1, v)
+
+
+def evoformer_row(q, k, v, mask_bias, pair_bias, gate):
+    """AlphaFold's gated row attention; q, k, v, gate ``[B, N_seq, S, H, D]``,
+    mask_bias ``[B, N_seq, 1, 1, S]``, pair_bias ``[B, 1, H, S, S]``."""
+    q = q.transpose(-2, -3) / math.sqrt(q.size(-1))
+    k, v = k.transpose(-2, -3), v.transpose(-2, -3)
+    a = q @ k.transpose(-1, -2) + mask_bias + pair_bias
+    a = torch.softmax(a, dim=-1)
+    o = (a @ v).transpose(-2, -3)
+    return o * torch.sigmoid(gate)
+
+
+# ---------------------------------------------------------------- not attention chains
+def mlp(x, w1, w2):
+    return torch.relu(x @ w1) @ w2
+
+
+def layer_norm(x, weight, bias):
+    return F.layer_norm(x, x.shape[-1:], weight, bias)
+
+
+def softmax_over_queries(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
+
+
+# ---------------------------------------------------------------- inputs
+def _qkv(s: Shape, dtype, device, layout="bhsd", hq=None, hkv=None):
+    hq, hkv = hq or s.H, hkv or s.Hkv
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
+
+    if layout == "bshd":
+        return rnd(s.B, s.M, hq, s.D), rnd(s.B, s.N, hkv, s.D), rnd(s.B, s.N, hkv, s.Dv)
+    return rnd(s.B, hq, s.M, s.D), rnd(s.B, hkv, s.N, s.D), rnd(s.B, hkv, s.N, s.Dv)
+
+
+def _mha(s, dtype, device):
+    return _qkv(s, dtype, device, hkv=s.H)
+
+
+def _gqa(s, dtype, device):
+    return _qkv(s, dtype, device)
+
+
+def _bshd(s, dtype, device):
+    return _qkv(s, dtype, device, layout="bshd", hkv=s.H)
+
+
+def _with_doc_ids(s, dtype, device):
+    ids = torch.sort(torch.randint(0, 4, (s.N,), generator=torch.Generator().manual_seed(1)))[0]
+    return (*_mha(s, dtype, device)[:3], ids.to(device)) if s.M == s.N else None
+
+
+def _with_key_mask(s, dtype, device):
+    g = torch.Generator().manual_seed(2)
+    mask = torch.rand(s.B, 1, 1, s.N, generator=g) > 0.3
+    mask[..., 0] = True
+    return (*_mha(s, dtype, device), mask.to(device))
+
+
+def _with_bias(s, dtype, device):
+    g = torch.Generator().manual_seed(3)
+    bias = torch.randn(s.B, 1, s.M, s.N, generator=g).to(dtype=dtype, device=device)
+    return (*_mha(s, dtype, device), bias)
+
+
+def _diff(s, dtype, device):
+    return _qkv(s, dtype, device, hq=2 * s.H, hkv=2 * s.H)[:2] + (
+        _qkv(s, dtype, device, hkv=s.H)[2],
+    )
+
+
+def _evoformer(s, dtype, device):
+    g = torch.Generator().manual_seed(4)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
+
+    n_seq, length = 3, s.N
+    q, k, v, gate = (rnd(s.B, n_seq, length, s.H, s.D) for _ in range(4))
+    mask = (torch.rand(s.B, n_seq, 1, 1, length, generator=g) > 0.2).to(dtype=dtype, device=device)
+    mask_bias = 1e9 * (mask - 1)
+    pair_bias = rnd(s.B, 1, s.H, length, length)
+    return q, k, v, mask_bias, pair_bias, gate
+
+
+def _mlp(s, dtype, device):
+    g = torch.Generator().manual_seed(5)
+    return tuple(torch.randn(*sh, generator=g).to(dtype=dtype, device=device)
+                 for sh in ((s.M, s.D), (s.D, 4 * s.D), (4 * s.D, s.D)))
+
+
+def _layer_norm(s, dtype, device):
+    g = torch.Generator().manual_seed(6)
+    return tuple(torch.randn(*sh, generator=g).to(dtype=dtype, device=device)
+                 for sh in ((s.B, s.M, s.D), (s.D,), (s.D,)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A program, its input maker, and how many attention chains it holds."""
+
+    name: str
+    fn: Callable
+    make_inputs: Callable
+    chains: int = 1
+    square: bool = False  # needs M == N
+
+    def inputs(self, shape: Shape = Shape(), dtype=torch.float32, device="cpu") -> tuple:
+        if self.square:
+            shape = dataclasses.replace(shape, M=shape.N)
+        return self.make_inputs(shape, dtype, device)
+
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        Variant("vanilla", vanilla, _mha),
+        Variant("scale_q_first", scale_q_first, _mha),
+        Variant("manual_softmax", manual_softmax, _mha),
+        Variant("bshd", bshd, _bshd),
+        Variant("gqa_repeat_interleave", gqa_repeat_interleave, _gqa),
+        Variant("gqa_expand", gqa_expand, _gqa),
+        Variant("alibi", alibi, _mha),
+        Variant("softcap", softcap, _mha),
+        Variant("causal", causal, _mha),
+        Variant("sliding_window", sliding_window, _mha),
+        Variant("prefix_lm", prefix_lm, _mha),
+        Variant("document_mask", document_mask, _with_doc_ids, square=True),
+        Variant("key_padding", key_padding, _with_key_mask),
+        Variant("additive_mask", additive_mask, _with_bias),
+        Variant("diff_attention", diff_attention, _diff, chains=2),
+        Variant("evoformer_row", evoformer_row, _evoformer, square=True),
+        Variant("mlp", mlp, _mlp, chains=0),
+        Variant("layer_norm", layer_norm, _layer_norm, chains=0),
+        Variant("softmax_over_queries", softmax_over_queries, _mha, chains=0),
+    ]
+}

@@ -1,0 +1,61 @@
+"""Chain discovery on the variants: exactly the attention chains, nothing else."""
+import dataclasses
+
+import pytest
+import torch
+
+from fxflash.variants import VARIANTS, Shape, vanilla
+from helpers import chains_of
+
+SHAPES = {
+    "mha": Shape(B=2, H=4, Hkv=4, M=9, N=9, D=8, Dv=8),
+    "gqa": Shape(B=2, H=4, Hkv=2, M=9, N=9, D=8, Dv=8),
+    "cross": Shape(B=1, H=2, Hkv=1, M=5, N=11, D=8, Dv=6),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name", VARIANTS, ids=str)
+def test_chain_count(name, shape):
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES[shape])
+    chains = chains_of(variant.fn, *args)
+    assert len(chains) == variant.chains
+    for chain in chains:
+        assert chain.reductions and not chain.escapes
+
+
+def test_listing1_with_mask_and_in_place_scale():
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["cross"])
+    mask = torch.ones(5, 11, dtype=torch.int64).tril()
+    (chain,) = chains_of(vanilla, q, k, v, mask)
+    names = " ".join(n.name for n in chain.nodes)
+    assert "where" in names and "amax" in names
+
+
+def test_evoformer_is_five_dimensional():
+    variant = VARIANTS["evoformer_row"]
+    args = variant.inputs(SHAPES["mha"])
+    assert args[0].dim() == 5
+    (chain,) = chains_of(variant.fn, *args)
+    assert chain.output.meta["val"].dim() == 5
+
+
+def test_weights_returned_beside_the_output_escape_the_region():
+    def f(q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        return p @ v, p
+
+    (chain,) = chains_of(f, *VARIANTS["vanilla"].inputs(SHAPES["mha"]))
+    assert [n.name for n in chain.escapes]
+
+
+def test_two_layers_give_two_chains_not_one_across_them():
+    def two_layers(q, k, v):
+        a = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        return torch.softmax(a @ k.transpose(-2, -1), dim=-1) @ v
+
+    shape = dataclasses.replace(SHAPES["mha"], Dv=8)
+    chains = chains_of(two_layers, *VARIANTS["vanilla"].inputs(shape))
+    assert len(chains) == 2
+    assert not set(chains[0].nodes) & set(chains[1].nodes)
