@@ -46,11 +46,13 @@ class RegionReport:
 
 @dataclasses.dataclass
 class Report:
-    """``explain()``'s answer: ``.regions`` (one RegionReport per candidate) and ``.graph``."""
+    """``explain()``'s answer: ``.regions`` (one RegionReport per candidate), ``.graph`` (the
+    captured graph) and ``.rewritten`` (the graph with fused regions replaced)."""
 
     regions: list
     graph: fx.GraphModule
     analysis: GraphAnalysis
+    rewritten: fx.GraphModule | None = None
     capture_note: str = ""
 
     def __str__(self) -> str:

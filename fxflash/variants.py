@@ -81,7 +81,8 @@ def alibi(q, k, v):
     h, m, n = q.size(1), q.size(2), k.size(2)
     slopes = torch.exp2(-8.0 * torch.arange(1, h + 1, device=q.device) / h)
     dist = torch.arange(n, device=q.device)[None, :] - torch.arange(m, device=q.device)[:, None]
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + slopes[:, None, None] * dist
+    bias = (slopes[:, None, None] * dist).to(q.dtype)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias
     return torch.softmax(s, dim=-1) @ v
 
 

@@ -1,0 +1,441 @@
+"""Region → Triton source.
+
+The kernel is printed from the region's own ops; no per-variant template. Its shape:
+
+* a logical grid over every parallel dimension of the output — the frame's batch axes and
+  the row tiles of ``M`` — flattened to one program id and recovered by inverse affine maps
+  (``mt = pid % n_row_tiles``, batch indices by unravelling ``pid // n_row_tiles``);
+* the operands ``Q[*, M, D]`` and ``Kᵀ[*, D, N]``, ``V[*, N, Dv]`` loaded with their real
+  strides (``D``, ``Dv`` eliminated: one tile each);
+* a loop over the demoted axis ``N``; per key tile, the score DAG printed op by op, the online
+  reductions, and the rescaled accumulator ``acc = acc·α + P·V``;
+* an epilogue that finishes the row values, applies the deferred row factors and stores.
+
+Tensor inputs of the score DAG (biases, masks, ids) are loaded per tile at their real
+strides, broadcast axes skipped; index expressions (``arange`` and what is computed from it)
+are printed from the tile indices and never loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from ..analysis import OpKind
+from ..analysis.ops import packet
+from ..patterns.region import Region
+from ..patterns.rules import HOMOMORPHISMS, ONLINE_REDUCTIONS
+from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
+
+aten = torch.ops.aten
+ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
+
+
+@dataclasses.dataclass
+class KernelPlan:
+    """How to launch the kernel: its source, and for each run-time parameter where its value
+    comes from. ``args`` entries: ("ptr", i) | ("stride", i, axis) | ("size", i, axis) |
+    ("frame", j) with i an index into the op's tensor inputs and j into the frame sizes."""
+
+    name: str
+    source: str
+    args: list
+    input_nodes: list        # fx nodes whose runtime tensors are the op's inputs, in order
+    frame_rank: int
+    out_dtype: torch.dtype
+    d: int
+    dv: int
+
+
+@dataclasses.dataclass
+class Value:
+    code: str
+    varies_n: bool = False
+    is_literal: bool = False
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+class _Printer:
+    def __init__(self, region: Region, name: str):
+        self.r = region
+        self.name = name
+        self.pre: list[str] = []
+        self.loop: list[str] = []
+        self.post: list[str] = []
+        self.params: list[str] = []
+        self.args: list = []
+        self.inputs: list = []
+        self.memo: dict = {}
+        self.vars: dict = {}
+        self.counter = 0
+        self.in_epilogue = False
+        self.kinds: dict = {}
+        self.frame_shape = tuple(region.frame.meta["val"].shape)
+        fb = len(self.frame_shape) - 2
+        self.frame_idx = tuple(f"fb{i}" for i in range(fb)) + (ROW, COL)
+
+    # -- parameters -------------------------------------------------------------------
+    def tmp(self, prefix="t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def param(self, name: str, source) -> str:
+        self.params.append(name)
+        self.args.append(source)
+        return name
+
+    def tensor_input(self, node: fx.Node) -> int:
+        if node not in self.inputs:
+            self.inputs.append(node)
+        return self.inputs.index(node)
+
+    # -- operands ---------------------------------------------------------------------
+    def operand(self, label: str, operand, rows: str, cols: str, row_mask: str, col_mask: str) -> tuple[str, str]:
+        i = self.tensor_input(operand.node)
+        ptr = self.param(f"{label}_ptr", ("ptr", i))
+        rank = operand.batch_rank
+        for axis in range(rank):
+            self.param(f"{label}_nb{axis}", ("size", i, axis))
+            self.param(f"{label}_sb{axis}", ("stride", i, axis))
+        sr = self.param(f"{label}_sr", ("stride", i, rank))
+        sc = self.param(f"{label}_sc", ("stride", i, rank + 1))
+        off = f"{label}_boff"
+        lines = [f"{off} = 0", "rest = lin"]
+        for axis in reversed(range(rank)):
+            lines.append(f"{off} += (rest % {label}_nb{axis}).to(tl.int64) * {label}_sb{axis}")
+            lines.append(f"rest = rest // {label}_nb{axis}")
+        self.pre.extend(lines)
+        return f"{ptr} + {off} + {rows} * {sr} + {cols} * {sc}", f"({row_mask}) & ({col_mask})"
+
+    # -- values of the score DAG -------------------------------------------------------
+    def idx_of(self, node, idx: tuple) -> tuple:
+        """Index expressions of an argument broadcast into a consumer indexed by ``idx``."""
+        shape = tuple(node.meta["val"].shape)
+        tail = idx[len(idx) - len(shape):] if shape else ()
+        return tuple(None if s == 1 else e for s, e in zip(shape, tail))
+
+    def node_idx(self, node: fx.Node) -> tuple:
+        return self.idx_of(node, self.frame_idx)
+
+    def arg(self, a, idx: tuple) -> Value:
+        if not isinstance(a, fx.Node):
+            if isinstance(a, (bool, int, float)):
+                return Value(literal(a), is_literal=True)
+            raise Unprintable(f"argument {a!r}")
+        if a in self.vars:
+            return self.vars[a]
+        return self.outside(a, self.idx_of(a, idx))
+
+    def outside(self, node: fx.Node, idx: tuple) -> Value:
+        key = (node, idx, self.in_epilogue)
+        if key in self.memo:
+            return self.memo[key]
+        index = self.kinds.get(node) is OpKind.INDEX
+        value = self.index_expr(node, idx) if index else self.load(node, idx)
+        self.memo[key] = value
+        return value
+
+    def place(self, code: str, varies_n: bool, prefix="t") -> Value:
+        """Bind ``code`` to a new name: after the loop in the epilogue, else inside the loop
+        when it varies along N, else before the loop."""
+        name = self.tmp(prefix)
+        section = self.post if self.in_epilogue else (self.loop if varies_n else self.pre)
+        section.append(f"{name} = {code}")
+        return Value(name, varies_n)
+
+    def load(self, node: fx.Node, idx: tuple) -> Value:
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            raise Unprintable(f"{node.name} has no tensor value")
+        dtype = node.meta["val"].dtype
+        cd = compute_dtype(dtype)
+        i = self.tensor_input(node)
+        ptr = f"in{i}_ptr"
+        if ptr not in self.params:
+            self.param(ptr, ("ptr", i))
+            for axis in range(node.meta["val"].dim()):
+                self.param(f"in{i}_s{axis}", ("stride", i, axis))
+        terms = [f"({e}).to(tl.int64) * in{i}_s{axis}" if e.startswith("fb") else f"({e}) * in{i}_s{axis}"
+                 for axis, e in enumerate(idx) if e is not None]
+        offset = " + ".join(terms) if terms else "0"
+        used = " ".join(e for e in idx if e)
+        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, f"({COL} < N)")) if v in used]
+        mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
+        code = f"tl.load({ptr} + {offset}{mask}).to({cd})"
+        return self.place(code, COL in used, "x")
+
+    def index_expr(self, node: fx.Node, idx: tuple) -> Value:
+        """Print an index expression evaluated at tile indices ``idx`` (one per axis)."""
+        p = packet(node.target)
+        dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else None
+        if p is aten.arange:
+            args = list(node.args)
+            start, end, step = (0, args[0], 1) if len(args) == 1 else (args + [1])[:3]
+            i = idx[0] if idx else None
+            pos = "0" if i is None else i
+            code = f"({literal(start)} + {pos} * {literal(step)})"
+            return self.place(f"{code}.to({compute_dtype(dtype)})", COL in pos)
+        if p in (aten.scalar_tensor, aten.full, aten.ones, aten.zeros):
+            value = {aten.scalar_tensor: lambda: node.args[0], aten.full: lambda: node.args[1],
+                     aten.ones: lambda: 1, aten.zeros: lambda: 0}[p]()
+            if dtype is not None and not dtype.is_floating_point and dtype is not torch.bool:
+                value = int(value)
+            elif dtype is not None and dtype.is_floating_point:
+                value = float(value)
+            return Value(literal(value), is_literal=True)
+        if p in (aten.tril, aten.triu):
+            x = self.outside(node.args[0], idx)
+            diag = node.args[1] if len(node.args) > 1 else 0
+            row, col = (idx[-2] or "0"), (idx[-1] or "0")
+            cmp = "<=" if p is aten.tril else ">="
+            code = f"tl.where(({col}) - ({row}) {cmp} {literal(diag)}, {x.code}, 0)"
+            return self.place(code, x.varies_n or COL in f"{row} {col}")
+        if p in PRINTERS:
+            args = [self.arg(a, idx) for a in node.args]
+            return self.apply(node, args)
+        return self.outside(node.args[0], self.layout_source_idx(node, idx))
+
+    def layout_source_idx(self, node: fx.Node, idx: tuple) -> tuple:
+        """Index expressions of a layout op's input given those of its output."""
+        p = packet(node.target)
+        src = node.args[0]
+        src_shape = tuple(src.meta["val"].shape)
+        out_shape = tuple(node.meta["val"].shape)
+        rank = len(src_shape)
+        if p is aten.unsqueeze:
+            d = node.args[1] % (rank + 1)
+            return idx[:d] + idx[d + 1:]
+        if p is aten.squeeze or p in (aten.view, aten._unsafe_view, aten.reshape):
+            nonunit_out = [e for e, s in zip(idx, out_shape) if s != 1]
+            if [s for s in src_shape if s != 1] != [s for s in out_shape if s != 1]:
+                raise Unprintable(f"{node.name}: a reshape of an index expression")
+            it = iter(nonunit_out)
+            return tuple(None if s == 1 else next(it) for s in src_shape)
+        if p is aten.expand:
+            tail = idx[len(idx) - rank:]
+            return tuple(None if s == 1 else e for s, e in zip(src_shape, tail))
+        if p is aten.permute:
+            out = [None] * rank
+            for j, d in enumerate(node.args[1]):
+                out[d % rank] = idx[j]
+            return tuple(out)
+        if p is aten.transpose:
+            d0, d1 = node.args[1] % rank, node.args[2] % rank
+            out = list(idx)
+            out[d0], out[d1] = out[d1], out[d0]
+            return tuple(out)
+        if p is aten.slice:
+            d = (node.args[1] if len(node.args) > 1 else 0) % rank
+            start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+            step = node.args[4] if len(node.args) > 4 else 1
+            start = start + src_shape[d] if start < 0 else min(start, src_shape[d])
+            out = list(idx)
+            out[d] = f"({start} + ({idx[d] or '0'}) * {step})"
+            return tuple(out)
+        if p is aten.select:
+            d = node.args[1] % rank
+            index = node.args[2] % src_shape[d]
+            return idx[:d] + (str(index),) + idx[d:]
+        if p in (aten.clone, aten.alias, aten.contiguous, aten.lift_fresh_copy, aten.detach):
+            return idx
+        raise Unprintable(f"{node.name}: layout op {node.target} in an index expression")
+
+    def apply(self, node: fx.Node, args: list[Value]) -> Value:
+        p = packet(node.target)
+        if p not in PRINTERS:
+            raise Unprintable(f"no printer for {node.target}")
+        code = PRINTERS[p]([a.code for a in args], node)
+        if isinstance(node.meta.get("val"), torch.Tensor) and not all(a.is_literal for a in args):
+            code = f"({code}).to({compute_dtype(node.meta['val'].dtype)})"
+        return self.place(code, any(a.varies_n for a in args))
+
+    # -- the kernel ----------------------------------------------------------------------
+    def build(self, kinds: dict, out_dtype: torch.dtype) -> KernelPlan:
+        self.kinds = kinds
+        r = self.r
+        fb = len(self.frame_shape) - 2
+        for i in range(fb):
+            self.param(f"FB{i}", ("frame", i))
+        self.param("M", ("frame", fb))
+        self.param("N", ("frame", fb + 1))
+        self.pre += [
+            "pid = tl.program_id(0)",
+            "n_mt = tl.cdiv(M, BLOCK_M)",
+            "mt = pid % n_mt",
+            "lin = pid // n_mt",
+            "rest = lin",
+        ]
+        for i in reversed(range(fb)):
+            self.pre += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
+        self.pre += [
+            "offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)",
+            f"{ROW} = offs_m[:, None]",
+            "offs_d = tl.arange(0, DP)",
+            "offs_dv = tl.arange(0, DVP)",
+        ]
+        q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", "offs_d[None, :] < D")
+        k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, "offs_d[:, None] < D", f"{COL} < N")
+        v_ptrs, v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "offs_n[:, None] < N",
+                                      "offs_dv[None, :] < DV")
+        self.pre.append(f"q = tl.load({q_ptrs}, mask={q_mask}, other=0.0)")
+        precision = _dot_precision(r.q.node.meta["val"].dtype)
+        self.loop += [
+            "offs_n = start_n + tl.arange(0, BLOCK_N)",
+            f"{COL} = offs_n[None, :]",
+            "col_ok = cn < N",
+            f"k = tl.load({k_ptrs}, mask={k_mask}, other=0.0)",
+            f"s = tl.dot(q, k{precision})",
+        ]
+        self.vars[r.frame] = Value("s", True)
+        # accumulator state
+        for red in r.reductions:
+            combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
+            self.pre.append(f"acc_{red.node.name} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
+        self.pre.append("acc = tl.zeros([BLOCK_M, DVP], tl.float32)")
+        reductions = {red.node: red for red in r.reductions}
+        for node in r.stream:
+            if node in reductions:
+                self.reduce(reductions[node])
+            elif node in r.forms and r.forms[node].kind == "row":
+                continue  # absorbed into a homomorphism
+            else:
+                self.stream_node(node)
+        p = self.vars[r.p_node]
+        p_form = r.forms.get(r.p_node)
+        v_elem = "v_ptr.dtype.element_ty"
+        self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
+        pv = f"tl.dot(tl.where(col_ok, {p.code}, 0.0).to({v_elem}), v{_dot_precision(r.v.node.meta['val'].dtype)})"
+        if p_form is not None and p_form.scale is not None:
+            self.loop.append(f"acc = acc * alpha_{p_form.scale.name} + {pv}")
+        else:
+            self.loop.append(f"acc = acc + {pv}")
+        for red in r.reductions:
+            if red.combine in ("max", "min"):
+                self.loop.append(f"acc_{red.node.name} = new_{red.node.name}")
+        self.epilogue(p_form, out_dtype)
+        return KernelPlan(self.name, self.source(), self.args, self.inputs, fb, out_dtype, r.D, r.Dv)
+
+    def stream_node(self, node: fx.Node) -> None:
+        r = self.r
+        form = r.forms.get(node)
+        idx = self.node_idx(node)
+        p = packet(node.target)
+        if form is not None and form.kind == "scaled" and p in HOMOMORPHISMS and form.scale is not None \
+                and _is_shift(node.args[0], form.scale):
+            x = self.vars[node.args[0].args[0]]
+            hom = HOMOMORPHISMS[p]
+            code = hom.apply.format(x=x.code, m=f"mu_{form.scale.name}")
+            self.vars[node] = self.place(code, True, "e")
+            return
+        if form is not None and form.kind == "deferred":
+            _, _, pos = form.factors[-1]
+            source = node.args[pos]
+            if len(r.forms.get(source, form).factors) < len(form.factors):
+                self.vars[node] = self.vars[source]  # the row factor is applied after the loop
+                return
+        if p in (aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.contiguous) and node.args[0] in self.vars:
+            self.vars[node] = self.vars[node.args[0]]
+            return
+        args = [self.arg(a, idx) for a in node.args]
+        self.vars[node] = self.apply(node, args)
+
+    def reduce(self, red) -> None:
+        name = red.node.name
+        x = self.vars[red.source]
+        acc = f"acc_{name}"
+        if red.combine in ("max", "min"):
+            fill = "float('-inf')" if red.combine == "max" else "float('inf')"
+            pick = "tl.maximum" if red.combine == "max" else "tl.minimum"
+            self.loop.append(f"tile_{name} = tl.{red.combine}(tl.where(col_ok, {x.code}, {fill}), 1, keep_dims=True)")
+            self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
+            if red.combine == "max":
+                hom = self._homomorphism_of(red.node)
+                self.loop.append(f"mu_{name} = tl.where(new_{name} == float('-inf'), 0.0, new_{name})")
+                self.loop.append(f"alpha_{name} = {hom.rescale.format(old=acc, new=f'mu_{name}')}")
+            self.vars[red.node] = Value(f"new_{name}", True)
+            return
+        tile = f"tl.sum(tl.where(col_ok, {x.code}, 0.0), 1, keep_dims=True)"
+        if red.scale is not None:
+            self.loop.append(f"{acc} = {acc} * alpha_{red.scale.name} + {tile}")
+        else:
+            self.loop.append(f"{acc} = {acc} + {tile}")
+        self.vars[red.node] = Value(acc, True)
+
+    def _homomorphism_of(self, max_node: fx.Node):
+        for user in max_node.users:
+            for e in user.users:
+                if packet(e.target) in HOMOMORPHISMS:
+                    return HOMOMORPHISMS[packet(e.target)]
+        return HOMOMORPHISMS[aten.exp]
+
+    def epilogue(self, p_form, out_dtype) -> None:
+        r = self.r
+        # final row values: reductions become their accumulators
+        for red in r.reductions:
+            self.vars[red.node] = Value(f"acc_{red.node.name}", False)
+        nan_rows = {red.node for red in r.reductions if red.combine == "max"}
+        for m in nan_rows:
+            # eager computes exp(-inf - (-inf)) = nan for a row whose every score is -inf
+            self.post.append(f"nanrow_{m.name} = acc_{m.name} == float('-inf')")
+        for red in r.reductions:
+            if red.scale is not None:
+                self.post.append(f"acc_{red.node.name} = tl.where(nanrow_{red.scale.name}, float('nan'), acc_{red.node.name})")
+        if p_form is not None and p_form.scale is not None:
+            self.post.append(f"acc = tl.where(nanrow_{p_form.scale.name}, float('nan'), acc)")
+        self.in_epilogue = True
+        for node in r.epilogue:
+            idx = self.node_idx(node)
+            args = [self.arg(a, idx) for a in node.args]
+            self.vars[node] = self.apply(node, args)
+        out = "acc"
+        for op, row, pos in (p_form.factors if p_form is not None else ()):
+            factor = self.vars[row].code if row in self.vars else self.arg(row, self.node_idx(row)).code
+            out = f"({out} * {factor})" if op is aten.mul else f"({out} / {factor})"
+        self.post.append(f"out = {out}")
+        self.post.append(
+            f"tl.store(out_ptr + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
+            f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
+        )
+
+    def source(self) -> str:
+        params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
+                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr"])
+        body = ["    " + line for line in self.pre]
+        body.append("    for start_n in range(0, N, BLOCK_N):")
+        body += ["        " + line for line in self.loop]
+        body += ["    " + line for line in self.post]
+        return "\n".join([
+            "import triton",
+            "import triton.language as tl",
+            HELPERS,
+            "@triton.jit",
+            f"def {self.name}({params}):",
+            *body,
+            "",
+        ])
+
+
+def _is_shift(node, scale) -> bool:
+    return isinstance(node, fx.Node) and packet(node.target) is aten.sub and node.args[1] is scale
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    if dtype is not torch.float32:
+        return ""
+    return ", input_precision='tf32'" if torch.backends.cuda.matmul.allow_tf32 else ", input_precision='ieee'"
+
+
+def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> KernelPlan:
+    """Print the Triton kernel of ``region``. Raises Unprintable for an op with no printer."""
+    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype)
+
+
+def block_dims_of(plan: KernelPlan) -> dict:
+    """The head-dim constexprs: D and Dv, and their power-of-two tile widths."""
+    return {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+
+
+__all__ = ["KernelPlan", "Unprintable", "block_dims_of", "emit_kernel"]

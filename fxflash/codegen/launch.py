@@ -1,0 +1,50 @@
+"""Launching a generated kernel: run-time arguments from the op's inputs, tile sizes, grid."""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from .emit import KernelPlan, block_dims_of
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def tile_config(plan: KernelPlan, device: torch.device) -> dict:
+    """Tile sizes and launch settings. In the interpreter, 16×16 tiles so that small test
+    shapes cross several tiles; on GPUs a table by head dim (autotuning replaces it later)."""
+    if INTERPRET or device.type != "cuda":
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    d = max(plan.d, plan.dv)
+    if d <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    if d <= 128:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+def _arg(spec, inputs, frame):
+    kind = spec[0]
+    if kind == "ptr":
+        return inputs[spec[1]]
+    if kind == "stride":
+        return inputs[spec[1]].stride(spec[2])
+    if kind == "size":
+        return inputs[spec[1]].shape[spec[2]]
+    if kind == "frame":
+        return frame[spec[1]]
+    raise ValueError(spec)
+
+
+def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shape: list) -> torch.Tensor:
+    """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shape`` the result's shape."""
+    device = inputs[0].device
+    out = torch.empty(out_shape, dtype=plan.out_dtype, device=device)
+    cfg = tile_config(plan, device)
+    batch = math.prod(frame[:-2])
+    grid = (triton.cdiv(frame[-2], cfg["BLOCK_M"]) * batch,)
+    args = [_arg(spec, inputs, frame) for spec in plan.args]
+    kernel[grid](out, *args, **block_dims_of(plan), **cfg)
+    return out

@@ -1,0 +1,383 @@
+"""From a chain to a Region: the three transformations applied and checked.
+
+``build_region`` either returns a :class:`Region` — the tile program of one fused kernel —
+or raises :class:`FusionRefused` naming the rule and the node that stopped it. It proves, op
+by op, that the online program computes what the chain computes (in real arithmetic):
+
+* every value between the producer contraction and the consumer is given a *form*:
+  ``plain`` (computable from the current tile), ``scaled`` (``E(x - m)`` against the running
+  maximum ``m``, times values linear in it), ``deferred`` (a scaled or plain value times row
+  factors known only after the loop) or ``row`` (a function of finished reductions);
+* reductions over ``N`` become online accumulators; sums of scaled values carry the rescale;
+* the consumer contraction's operand must be ``plain``, ``scaled`` or ``deferred``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.fx as fx
+
+from ..analysis import GraphAnalysis, OpKind
+from ..analysis.ops import packet
+from ..analysis.sketch import dim_name
+from .chains import Chain
+from .rules import (
+    DEFERRABLE,
+    HOMOMORPHISMS,
+    LINEAR_COMBINE,
+    LINEAR_IN,
+    MAX_HEAD_DIM,
+    ONLINE_REDUCTIONS,
+    ZERO_PRESERVING_WHERE,
+)
+
+aten = torch.ops.aten
+
+# Layout ops that only regroup the batch axes of an operand [*batch, rows, cols].
+BATCH_REGROUP = {aten.view, aten._unsafe_view, aten.reshape, aten.clone, aten.alias, aten.expand}
+FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
+
+
+class FusionRefused(Exception):
+    """A rule could not prove the chain fusable; the chain stays as it was."""
+
+    def __init__(self, rule: str, node: fx.Node | None, message: str):
+        self.rule, self.node, self.message = rule, node, message
+        where = f" at {node.name} ({node.target})" if node is not None else ""
+        super().__init__(f"{rule}{where}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """How a value between the two contractions is computed in the tile program.
+
+    kind:     "plain" | "scaled" | "deferred" | "row".
+    scale:    for scaled / deferred-of-scaled values, the max reduction whose running value
+              they are computed against.
+    factors:  for deferred values, ((op packet, row node, position of the tile value), …).
+    """
+
+    kind: str
+    scale: fx.Node | None = None
+    factors: tuple = ()
+
+
+PLAIN = Form("plain")
+ROW = Form("row")
+
+
+@dataclasses.dataclass
+class Operand:
+    """A contraction operand read by the kernel: ``node``'s runtime tensor, shaped
+    ``[*batch, rows, cols]``; ``batch`` leading axes are indexed by unravelling the flat batch
+    index of the contraction (row-major)."""
+
+    node: fx.Node
+    batch_rank: int
+
+
+@dataclasses.dataclass
+class OnlineReduction:
+    node: fx.Node
+    combine: str          # "max" | "min" | "sum"
+    source: fx.Node
+    scale: fx.Node | None  # the max reduction whose rescale it carries (sum of scaled values)
+
+
+@dataclasses.dataclass
+class Region:
+    """The tile program of one fused kernel.
+
+    frame:       the score node ``S[*batch, M, N]`` (the producer's output in the user's frame);
+                 every value of the score DAG broadcasts to it, right-aligned.
+    q, k, v:     operands: ``Q[*, M, D]``, ``Kᵀ[*, D, N]``, ``V[*, N, Dv]``.
+    stream:      nodes of the score DAG in graph order, with their forms.
+    reductions:  online reductions over N.
+    p_node:      the value multiplied into V (in the frame), with its form.
+    epilogue:    row nodes computed after the loop, in graph order.
+    output:      the node the kernel's result replaces, contiguous ``[*, M, Dv]``.
+    nodes:       every node the kernel replaces.
+    steps:       the transformations applied, for explain().
+    """
+
+    chain: Chain
+    frame: fx.Node
+    q: Operand
+    k: Operand
+    v: Operand
+    forms: dict
+    stream: list
+    reductions: list
+    p_node: fx.Node
+    epilogue: list
+    output: fx.Node
+    nodes: list
+    steps: list
+    M: int
+    N: int
+    D: int
+    Dv: int
+
+    @property
+    def scale(self) -> fx.Node | None:
+        """The running maximum of the region, if any."""
+        return self.forms[self.p_node].scale
+
+    @property
+    def frame_batch_rank(self) -> int:
+        return len(self.frame.meta["val"].shape) - 2
+
+
+def _shape(node) -> tuple:
+    return tuple(node.meta["val"].shape)
+
+
+def _is(node, *packets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) in packets
+
+
+def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Operand:
+    """Follow batch-only regroupings (views, copies, identity expands) back to the earliest
+    tensor whose last two axes are still ``[rows, cols]`` with the same batch size, so the
+    kernel reads the user's tensor with its real strides instead of a copy."""
+    batch = math.prod(_shape(node)[:-2])
+    current = node
+    while _is(current, *BATCH_REGROUP) and current not in region_nodes:
+        src = current.args[0]
+        if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
+            break
+        s = _shape(src)
+        if len(s) < 2 or s[-2:] != (rows, cols) or math.prod(s[:-2]) != batch:
+            break
+        if _is(current, aten.expand) and tuple(current.args[1]) != s:
+            break
+        current = src
+    return Operand(current, len(_shape(current)) - 2)
+
+
+def _frame_of(first: fx.Node, region_nodes: set) -> fx.Node:
+    """The producer's output as the user sees it: the view that splits its batch axis."""
+    users = [u for u in first.users if u in region_nodes]
+    if len(users) == 1 and _is(users[0], aten.view, aten._unsafe_view, aten.reshape):
+        view = users[0]
+        if _shape(view)[-2:] == _shape(first)[-2:] and math.prod(_shape(view)[:-2]) == math.prod(_shape(first)[:-2]):
+            return view
+    return first
+
+
+def _p_in_frame(second: fx.Node, frame_shape: tuple, region_nodes: set) -> tuple[fx.Node, list]:
+    """Walk the consumer's left operand back through the expand/view that flatten the frame's
+    batch axes; returns the value in the frame and the layout nodes walked."""
+    node, walked = second.args[0], []
+    while _shape(node) != frame_shape:
+        if not _is(node, aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.clone) or node not in region_nodes:
+            raise FusionRefused("dimension demotion", second, "the consumer's operand is not the score tile in its frame")
+        walked.append(node)
+        node = node.args[0]
+    while _is(node, aten.expand, aten.clone) and _shape(node.args[0]) == frame_shape and node.args[0] in region_nodes:
+        walked.append(node)
+        node = node.args[0]
+    return node, walked
+
+
+class _FormInference:
+    """Assigns a Form to every node of the score DAG, in graph order (the algebraic rules)."""
+
+    def __init__(self, region_nodes: set, frame: fx.Node, n_size: int):
+        self.region_nodes = region_nodes
+        self.frame = frame
+        self.n_size = n_size
+        self.forms: dict = {frame: PLAIN}
+        self.reductions: list = []
+        self.steps: list = []
+        self.absorbed: set = set()
+
+    def form(self, arg) -> Form:
+        if isinstance(arg, fx.Node) and arg in self.forms:
+            return self.forms[arg]
+        return PLAIN  # outside inputs, index expressions, Python scalars
+
+    def infer(self, node: fx.Node) -> Form:
+        args = list(node.args)
+        forms = [self.form(a) for a in args]
+        p = packet(node.target)
+        if p in ONLINE_REDUCTIONS:
+            return self._reduction(node, forms[0])
+        if self._is_shifted_by_max(node) and all(packet(u.target) in HOMOMORPHISMS for u in node.users):
+            self.absorbed.add(node)
+            return ROW  # x - m, printed inside its homomorphism E(x - m)
+        if p in HOMOMORPHISMS and self._is_shifted_by_max(args[0]):
+            return self._homomorphism(node, args[0])
+        kinds = {f.kind for f in forms}
+        if kinds <= {"plain"}:
+            return PLAIN
+        if kinds <= {"plain", "row"} and not any(
+            self._varies_along_n(a) for a, f in zip(args, forms) if f.kind == "plain" and isinstance(a, fx.Node)
+        ):
+            return ROW
+        moving = [i for i, f in enumerate(forms) if f.kind in ("scaled", "deferred")]
+        if len(moving) == 1:
+            return self._through(node, p, args, forms, moving[0])
+        if p in LINEAR_COMBINE and len(moving) == 2 and all(forms[i].kind == "scaled" for i in moving):
+            if forms[0].scale is forms[1].scale:
+                return forms[0]
+        raise FusionRefused("algebraic transformation", node, "this op combines a value of an unfinished reduction "
+                            "in a way no rule makes online (not linear, no homomorphism)")
+
+    # -- rules --------------------------------------------------------------------------
+    def _varies_along_n(self, node: fx.Node) -> bool:
+        shape = _shape(node) if isinstance(node.meta.get("val"), torch.Tensor) else ()
+        return self.n_size != 1 and len(shape) >= 1 and shape[-1] == self.n_size
+
+    def _reduction(self, node: fx.Node, src: Form) -> Form:
+        combine, _ = ONLINE_REDUCTIONS[packet(node.target)]
+        dims = node.args[1] if len(node.args) > 1 else None
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        rank = len(_shape(node.args[0]))
+        if dims is None or [d % rank for d in dims] != [rank - 1] or not keepdim:
+            raise FusionRefused("online reduction", node, "only reductions over the last axis with keepdim=True are fused")
+        if node.kwargs.get("dtype") is not None:
+            raise FusionRefused("online reduction", node, "reductions with a dtype argument are not fused")
+        if src.kind == "plain":
+            self.reductions.append(OnlineReduction(node, combine, node.args[0], None))
+            self.steps.append(f"online {combine}: {node.name} accumulates over the demoted axis")
+            return ROW
+        if src.kind == "scaled" and combine == "sum":
+            self.reductions.append(OnlineReduction(node, combine, node.args[0], src.scale))
+            self.steps.append(f"algebraic: {node.name} = Σ {node.args[0].name} rescaled when {src.scale.name} grows")
+            return ROW
+        raise FusionRefused("online reduction", node, f"a {combine} over a value of form {src.kind} has no online form")
+
+    def _is_shifted_by_max(self, arg) -> bool:
+        return (_is(arg, aten.sub) and isinstance(arg.args[1], fx.Node) and _is(arg.args[1], aten.amax)
+                and arg.args[1] in self.forms)
+
+    def _homomorphism(self, node: fx.Node, shifted: fx.Node) -> Form:
+        x, m = shifted.args[0], shifted.args[1]
+        if self.form(x).kind != "plain" or m.args[0] is not x:
+            raise FusionRefused("algebraic transformation", node, "exp(x - max(y)) is made online only for y = x")
+        running = [r.node for r in self.reductions if r.node is m]
+        if not running:
+            raise FusionRefused("algebraic transformation", m, "the maximum is not an online reduction of the region")
+        hom = HOMOMORPHISMS[packet(node.target)]
+        self.steps.append(
+            f"algebraic: {node.name} = {hom.name}({x.name} - {m.name}) via the homomorphism {hom.name}: (+) → (×); "
+            f"rescaled by {hom.rescale.format(old='m_old', new='m_new')}"
+        )
+        return Form("scaled", scale=m)
+
+    def _through(self, node, p, args, forms, i) -> Form:
+        moving = forms[i]
+        others = [f for j, f in enumerate(forms) if j != i]
+        if all(f.kind == "plain" for f in others):
+            if p in LINEAR_IN and i in LINEAR_IN[p]:
+                if p is aten._to_copy and node.kwargs.get("dtype", torch.float32) not in FLOAT_DTYPES:
+                    raise FusionRefused("algebraic transformation", node, "a cast to a non-float type is not linear")
+                return moving
+            if p is ZERO_PRESERVING_WHERE and i in (1, 2) and _is_zero(args[3 - i]):
+                return moving
+            if _is(node, aten.expand, aten.clone, aten.view, aten._unsafe_view) and _shape(node) == _shape(args[0]):
+                return moving
+        if p in DEFERRABLE and i in DEFERRABLE[p] and all(f.kind in ("row", "plain") for f in others):
+            row_args = [(j, a) for j, (a, f) in enumerate(zip(args, forms)) if j != i and f.kind == "row"]
+            if len(row_args) == 1 and not any(isinstance(a, fx.Node) and self._varies_along_n(a)
+                                              for j, a in enumerate(args) if j != i and forms[j].kind == "plain"):
+                j, r = row_args[0]
+                self.steps.append(f"distributivity: {node.name} = {node.target.__name__.split('.')[0]} by row value "
+                                  f"{r.name}, deferred past the consumer contraction")
+                return Form("deferred", scale=moving.scale, factors=moving.factors + ((p, r, i),))
+        raise FusionRefused("algebraic transformation", node, f"op is not linear in the {moving.kind} value "
+                            f"{args[i].name if isinstance(args[i], fx.Node) else args[i]}")
+
+
+def _is_zero(arg) -> bool:
+    if isinstance(arg, (int, float)):
+        return arg == 0
+    if _is(arg, aten.scalar_tensor, aten.full):
+        value = arg.args[0] if _is(arg, aten.scalar_tensor) else arg.args[1]
+        return value == 0
+    return False
+
+
+def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
+    """Apply the three transformations to ``chain``; raise FusionRefused where a rule fails."""
+    first, second = chain.first, chain.second
+    region_nodes = set(chain.nodes)
+    if chain.escapes:
+        raise FusionRefused("convexity", chain.escapes[0], "an intermediate value is also used outside the region")
+    for c in (first, second):
+        if not _is(c, aten.bmm, aten.mm):
+            raise FusionRefused("contraction", c, "only mm/bmm contractions are fused")
+    dtype = first.meta["val"].dtype
+    if dtype not in FLOAT_DTYPES or second.meta["val"].dtype not in FLOAT_DTYPES:
+        raise FusionRefused("dtype", first, f"{dtype} regions stay eager (fused kernels take fp32, fp16, bf16)")
+    a_shape, b_shape = _shape(first.args[0]), _shape(first.args[1])
+    M, D, N = a_shape[-2], a_shape[-1], b_shape[-1]
+    v_shape = _shape(second.args[1])
+    Dv = v_shape[-1]
+    if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM:
+        raise FusionRefused("dimension elimination", first if D > MAX_HEAD_DIM else second,
+                            f"head dims D={D}, Dv={Dv} must fit one tile (≤ {MAX_HEAD_DIM})")
+    frame = _frame_of(first, region_nodes)
+    frame_shape = _shape(frame)
+    p_node, p_walk = _p_in_frame(second, frame_shape, region_nodes)
+    tail = chain.nodes[chain.nodes.index(second):]
+    infer = _FormInference(region_nodes, frame, N)
+    stream = []
+    skip = {first, frame, *p_walk, *tail}
+    for node in chain.nodes:
+        if node in skip:
+            continue
+        if node.op != "call_function" or analysis.kinds[node] not in (OpKind.ELEMENTWISE, OpKind.REDUCTION, OpKind.LAYOUT, OpKind.INDEX):
+            raise FusionRefused("score DAG", node, "op kind cannot be printed in a kernel")
+        if analysis.kinds[node] is OpKind.LAYOUT and not _is_frame_identity(node):
+            raise FusionRefused("score DAG", node, "a layout op that moves the score tile's axes")
+        if any(isinstance(a, fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes):
+            raise FusionRefused("score DAG", node, "an input without a tensor value")
+        _check_broadcasts(node, frame_shape)
+        infer.forms[node] = infer.infer(node)
+        stream.append(node)
+    p_form = infer.forms.get(p_node, PLAIN)
+    if p_form.kind == "row":
+        raise FusionRefused("dimension demotion", p_node, "the consumer's operand does not vary along the demoted axis")
+    scales = {r.scale for r in infer.reductions if r.scale is not None} | ({p_form.scale} if p_form.scale is not None else set())
+    if len(scales) > 1:
+        raise FusionRefused("algebraic transformation", p_node, "values rescaled by two different running maxima")
+    epilogue = [n for n in stream if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
+                and n not in infer.absorbed]
+    stream_nodes = [n for n in stream if n not in epilogue]
+    q = _walk_operand(first.args[0], M, D, region_nodes)
+    k = _walk_operand(first.args[1], D, N, region_nodes)
+    v = _walk_operand(second.args[1], N, Dv, region_nodes)
+    steps = [
+        f"dimension demotion: {dim_name(chain.demoted)} (N={N}), parallel in {first.name}, becomes the reduction "
+        f"axis of the region; one program per row tile loops over it",
+        *infer.steps,
+        f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
+        f"{first.name} and {second.name} chain inside the loop",
+    ]
+    return Region(
+        chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, stream=stream_nodes,
+        reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
+        nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv,
+    )
+
+
+def _is_frame_identity(node: fx.Node) -> bool:
+    src = node.args[0]
+    return isinstance(src, fx.Node) and _shape(node) == _shape(src) and (
+        _is(node, aten.clone, aten.alias, aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.contiguous)
+    )
+
+
+def _check_broadcasts(node: fx.Node, frame_shape: tuple) -> None:
+    shape = _shape(node)
+    if len(shape) > len(frame_shape) or any(
+        s not in (1, f) for s, f in zip(reversed(shape), reversed(frame_shape))
+    ):
+        raise FusionRefused("score DAG", node, f"shape {list(shape)} does not broadcast to the score frame {list(frame_shape)}")
+
+
+__all__ = ["FusionRefused", "Form", "OnlineReduction", "Operand", "Region", "build_region"]

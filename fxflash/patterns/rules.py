@@ -1,0 +1,73 @@
+"""The fusion rules as data.
+
+Three transformations (Flashlight, You et al. 2025):
+
+* **dimension demotion** — the producer contraction's parallel axis ``N`` becomes the region's
+  reduction axis: one program owns a tile of rows and loops over ``N``.
+* **algebraic transformation** — a value that depends on the *final* result of a reduction
+  ``m = max_n x`` through a homomorphism ``E`` from (+) to (×), ``E(x - m)``, is computed
+  against the running ``m_j`` and rescaled by ``E(m_j - m_{j+1})`` when ``m`` grows:
+  ``E(x - m) = E(x - m_j) · E(m_j - m)``. Sums and contractions over ``N`` of such values are
+  linear, so they carry the same rescale. Row factors that depend on a final reduction
+  (``/ Σ e``) are deferred past the contraction by distributivity: ``(e / s)·V = (e·V) / s``.
+* **tiling-aware dimension elimination** — the contracted head dim ``D`` of the producer and the
+  output head dim ``Dv`` of the consumer fit in one tile (≤ ``MAX_HEAD_DIM``), so their tile
+  loops collapse and the two contractions chain inside one loop over ``N``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+aten = torch.ops.aten
+
+MAX_HEAD_DIM = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Homomorphism:
+    """``E(a + b) = E(a) · E(b)``; ``E(x - m)`` is printed with ``apply``, the rescale of
+    everything accumulated against an old running maximum with ``rescale``."""
+
+    name: str
+    apply: str      # format with x, m
+    rescale: str    # format with old, new
+
+
+HOMOMORPHISMS = {
+    aten.exp: Homomorphism("exp", "tl.exp({x} - {m})", "tl.exp({old} - {new})"),
+    aten.exp2: Homomorphism("exp2", "tl.exp2({x} - {m})", "tl.exp2({old} - {new})"),
+}
+
+# Reductions over the demoted axis that can be computed online: packet → (combine, identity).
+ONLINE_REDUCTIONS = {
+    aten.amax: ("max", "float('-inf')"),
+    aten.amin: ("min", "float('inf')"),
+    aten.sum: ("sum", "0.0"),
+}
+
+# Ops that commute with multiplying one argument by a positive row factor ``c``:
+# ``f(c·x, y) = c·f(x, y)`` for the listed argument positions when the other arguments do not
+# depend on an unfinished reduction. Values rescaled online may pass through them.
+LINEAR_IN = {
+    aten.mul: (0, 1),
+    aten.div: (0,),
+    aten.neg: (0,),
+    aten._to_copy: (0,),
+    aten.clone: (0,),
+    aten.alias: (0,),
+}
+
+# ``where(c, x, 0)`` / ``where(c, 0, x)`` keep linearity in x.
+ZERO_PRESERVING_WHERE = aten.where
+
+# Row factors that may be deferred past the consumer contraction: ``f(x, r)`` with ``r`` a row
+# value known only after the loop; ``(f(x, r))·V = f(x·V, r)``.
+DEFERRABLE = {
+    aten.mul: (0, 1),   # x · r  or  r · x
+    aten.div: (0,),     # x / r
+}
+
+# Linear ops on two values rescaled by the same running maximum.
+LINEAR_COMBINE = {aten.add, aten.sub}
