@@ -24,3 +24,32 @@ def nodes_with(gm, op_packet):
 
 
 aten = torch.ops.aten
+
+
+def to_float64(args):
+    return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def max_error(out, ref) -> float:
+    return (out.double() - ref.double()).abs().max().item()
+
+
+# Fused error may be this many times eager's own error against float64 (plus a floor of a few
+# units in the last place of the output dtype, for outputs eager happens to round exactly).
+ERROR_FACTOR = 3.0
+FLOOR = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def assert_accurate(fn, args, out):
+    """``out`` (the optimized call's result) is within ERROR_FACTOR × eager's error against a
+    float64 reference, with no NaN where the reference has none."""
+    ref = fn(*to_float64(args))
+    eager = fn(*args)
+    assert out.shape == eager.shape and out.dtype == eager.dtype
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN pattern differs from float64 eager"
+    finite = ~torch.isnan(ref)
+    fused_err = max_error(out[finite], ref[finite])
+    eager_err = max_error(eager[finite], ref[finite])
+    bound = ERROR_FACTOR * eager_err + FLOOR[out.dtype]
+    assert fused_err <= bound, f"fused error {fused_err:.3g} > {bound:.3g} (eager {eager_err:.3g})"
+    return fused_err, eager_err

@@ -1,0 +1,177 @@
+"""Fused kernels (Triton interpreter on CPU): one kernel per attention, eager's accuracy."""
+import dataclasses
+
+import pytest
+import torch
+
+import fxflash
+from fxflash.variants import VARIANTS, Shape
+from helpers import assert_accurate
+
+SOFTMAX_FAMILY = [
+    "vanilla", "scale_q_first", "manual_softmax", "bshd", "gqa_repeat_interleave", "gqa_expand",
+    "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask", "key_padding",
+    "additive_mask", "diff_attention", "evoformer_row",
+]
+SHAPES = {
+    "tiled": Shape(B=1, H=2, Hkv=2, M=32, N=32, D=16, Dv=16),      # multiples of the 16×16 tile
+    "odd": Shape(B=2, H=4, Hkv=2, M=19, N=37, D=24, Dv=8),          # none are; M ≠ N, D ≠ Dv
+    "mqa": Shape(B=1, H=4, Hkv=1, M=5, N=33, D=8, Dv=12),
+}
+
+
+def _fused_once(fn, args, expected):
+    report = fxflash.explain(fn, *args)
+    assert len(report.regions) == expected
+    assert all(r.fused for r in report.regions), [r.reason for r in report.regions]
+    rewritten = report.rewritten.graph
+    calls = [n for n in rewritten.nodes if n.op == "call_function" and "fxflash.region" in str(n.target)]
+    assert len(calls) == expected
+    assert not [n for n in rewritten.nodes if n.op == "call_function" and "bmm" in str(n.target)]
+    return report
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name", SOFTMAX_FAMILY, ids=str)
+def test_variant_fuses_and_matches_float64(name, shape, dtype):
+    variant = VARIANTS[name]
+    if name == "document_mask" and shape == "mqa":
+        pytest.skip("document ids need M == N")
+    args = variant.inputs(SHAPES[shape], dtype)
+    _fused_once(variant.fn, args, variant.chains)
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def test_head_dim_256_and_non_contiguous_inputs():
+    shape = Shape(B=1, H=2, Hkv=2, M=18, N=21, D=256, Dv=200)
+    q, k, v = VARIANTS["vanilla"].inputs(shape)
+    big = torch.randn(1, 2, 40, 300)
+    q = big[:, :, 3:21, 7:263]                       # a strided slice
+    k = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # column-major storage
+    v = torch.randn(1, 21, 2, 200).transpose(1, 2)   # [B, S, H, D] storage
+    fn = VARIANTS["vanilla"].fn
+    _fused_once(fn, (q, k, v), 1)
+    assert_accurate(fn, (q, k, v), fxflash.optimize(fn)(q, k, v))
+
+
+def test_head_dim_over_256_is_refused_and_runs_eagerly():
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=1, M=4, N=5, D=300, Dv=4))
+    report = fxflash.explain(VARIANTS["vanilla"].fn, q, k, v)
+    assert not report.regions[0].fused and "dimension elimination" in report.regions[0].reason
+    torch.testing.assert_close(fxflash.optimize(VARIANTS["vanilla"].fn)(q, k, v), VARIANTS["vanilla"].fn(q, k, v))
+
+
+def test_broadcast_bias_and_mask_are_read_with_stride_zero():
+    def fn(q, k, v, head_bias, row_bias, col_mask):
+        s = q @ k.transpose(-2, -1) + head_bias + row_bias
+        s = s.masked_fill(col_mask, float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    head_bias = torch.randn(4, 1, 1)            # per head
+    row_bias = torch.randn(19, 1).expand(19, 37)  # expanded in memory: stride 0
+    col_mask = torch.rand(2, 1, 1, 37) < 0.2
+    args = (q, k, v, head_bias, row_bias, col_mask)
+    report = _fused_once(fn, args, 1)
+    assert "expand" not in report.rewritten.code.split("region")[1]
+    assert_accurate(fn, args, fxflash.optimize(fn)(*args))
+
+
+def test_fully_masked_rows_are_nan_as_in_eager():
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    mask = torch.ones(2, 1, 19, 37, dtype=torch.bool)
+    mask[:, :, 3] = False              # row 3 sees no key: eager gives NaN
+    mask[:, :, 5, :16] = False         # row 5 loses its whole first key tile only
+    fn = VARIANTS["vanilla"].fn
+    out = fxflash.optimize(fn)(q, k, v, mask)
+    ref = fn(q, k, v, mask)
+    assert torch.isnan(out[:, :, 3]).all() and torch.isnan(ref[:, :, 3]).all()
+    assert not torch.isnan(out[:, :, 5]).any()
+    assert_accurate(fn, (q, k, v, mask), out)
+
+
+def test_large_negative_bias_after_an_empty_tile():
+    def fn(q, k, v, bias):
+        return torch.softmax(q @ k.transpose(-2, -1) + bias, -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    bias = torch.full((37,), -1e9)
+    bias[:16] = float("-inf")        # first tile empty, the rest hugely negative
+    out = fxflash.optimize(fn)(q, k, v, bias)
+    assert not torch.isnan(out).any()
+    assert_accurate(fn, (q, k, v, bias), out)
+
+
+def test_training_through_a_fused_region_matches_eager_gradients():
+    fn = VARIANTS["alibi"].fn
+    args = VARIANTS["alibi"].inputs(SHAPES["odd"])
+    leaves = [a.clone().requires_grad_() for a in args]
+    ref_leaves = [a.clone().requires_grad_() for a in args]
+    out = fxflash.optimize(fn)(*leaves)
+    ref = fn(*ref_leaves)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    for a, b in zip(leaves, ref_leaves):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_generated_source_is_reported_and_printed_op_by_op():
+    variant = VARIANTS["softcap"]
+    report = fxflash.explain(variant.fn, *variant.inputs(SHAPES["odd"]))
+    (region,) = report.regions
+    assert "@triton.jit" in region.source and "_fx_tanh" in region.source
+    assert "for start_n in range(0, N, BLOCK_N)" in region.source
+    assert any("homomorphism exp" in step for step in region.steps)
+    assert any("deferred" in step for step in region.steps)
+    assert "fused" in str(report)
+
+
+def test_kernel_cache_is_private_and_rebuilds_corrupt_entries(tmp_path, monkeypatch):
+    from fxflash.codegen import cache
+
+    monkeypatch.setattr(fxflash.config, "kernel_cache_dir", str(tmp_path / "kc"))
+    monkeypatch.setattr(cache, "_modules", {})
+    variant = VARIANTS["vanilla"]
+    args = variant.inputs(SHAPES["odd"])
+    out1 = fxflash.optimize(variant.fn)(*args)
+    files = list((tmp_path / "kc").glob("k_*.py"))
+    assert len(files) == 1
+    assert (tmp_path / "kc").stat().st_mode & 0o077 == 0
+    files[0].write_text("raise SystemExit('foreign code must never run')\n")
+    monkeypatch.setattr(cache, "_modules", {})
+    out2 = fxflash.optimize(variant.fn)(*args)
+    torch.testing.assert_close(out1, out2)
+    assert "triton.jit" in files[0].read_text()
+
+
+def test_cpu_tensors_without_interpreter_run_eagerly(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    variant = VARIANTS["vanilla"]
+    args = variant.inputs(SHAPES["odd"])
+    report = fxflash.explain(variant.fn, *args)
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors on a GPU machine")
+    assert not report.regions[0].fused and "device" in report.regions[0].reason
+
+
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
+def test_torch_compile_runs_the_fused_kernel(inner):
+    torch._dynamo.reset()
+    variant = VARIANTS["causal"]
+    args = variant.inputs(SHAPES["odd"])
+    compiled = torch.compile(variant.fn, backend="fxflash", options={"inner": inner})
+    assert_accurate(variant.fn, args, compiled(*args))
+
+
+def test_one_kernel_source_serves_every_sequence_length():
+    variant = VARIANTS["sliding_window"]
+    sources = set()
+    for m, n in ((17, 17), (40, 40), (33, 50)):
+        shape = dataclasses.replace(SHAPES["odd"], M=m, N=n)
+        args = variant.inputs(shape)
+        (region,) = fxflash.explain(variant.fn, *args).regions
+        sources.add(region.source)
+        assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+    assert len(sources) == 1
