@@ -14,6 +14,7 @@ through the ``torch_dynamo_backends`` entry point, so it works without ``import 
 """
 from __future__ import annotations
 
+import collections
 import logging
 
 import torch
@@ -25,6 +26,9 @@ log = logging.getLogger("fxflash")
 
 INNER_COMPILERS = ("inductor", "eager")
 
+# The reports of the graphs this process compiled most recently (newest last), for inspection.
+recent_reports: collections.deque = collections.deque(maxlen=32)
+
 
 def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs):
     if inner == "eager":
@@ -35,9 +39,20 @@ def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs):
 
 
 def _retrace(gm: torch.fx.GraphModule, example_inputs):
-    """Trace Dynamo's graph to the decomposed, functional ATen graph (flat outputs)."""
-    captured = capture(lambda *xs: gm(*xs), tuple(example_inputs))
-    return captured
+    """Trace Dynamo's graph to the decomposed, functional ATen graph (flat outputs).
+
+    With ``dynamic=True`` the example inputs are fake tensors with symbolic sizes (and SymInt
+    inputs): the graph is traced inside Dynamo's own fake mode, so the sizes stay symbolic."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    modes = [f.fake_mode for f in fakes if isinstance(f, FakeTensor)]
+    if not modes or not any(isinstance(x, torch.SymInt) for x in example_inputs):
+        return capture(lambda *xs: gm(*xs), tuple(example_inputs))
+    fake_mode = modes[0]
+    with fake_mode:
+        return capture(lambda *xs: gm(*xs), tuple(fakes), modes=("real",))
 
 
 def backend(inner: str = "inductor"):
@@ -48,6 +63,7 @@ def backend(inner: str = "inductor"):
     def fxflash_compile(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         captured = _retrace(gm, example_inputs)
         rewritten, report = optimize_graph(captured.graph_module)
+        recent_reports.append(report)
         log.debug("fxflash backend: %r", report)
         compiled = _inner_compile(inner, rewritten, example_inputs)
 

@@ -28,11 +28,22 @@ _SPLITS = {aten.split, aten.split_with_sizes, aten.unbind}
 Axis = tuple  # tuple of atom ids
 
 
-def _int(size) -> int | None:
+def _int(size):
+    """A size as an int, or for a symbolic size its sympy expression — never ``int()`` of a
+    SymInt, which would specialize (and guard) a dynamic graph on its current value."""
+    if isinstance(size, torch.SymInt):
+        expr = size.node.expr
+        return int(expr) if expr.is_number else expr
     try:
         return int(size)
-    except Exception:  # noqa: BLE001 - symbolic sizes stay unknown
+    except (TypeError, ValueError):
         return None
+
+
+def _same_size(a, b) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return (a - b).expand() == 0
 
 
 def node_value(node: fx.Node):
@@ -112,23 +123,21 @@ def _reshape_axes(table: DimensionTable, src: list[Axis], src_shape, out_shape) 
     """
     atoms = [a for ax in src for a in ax if table.atom_size[a] != 1]
     if any(table.atom_size[a] is None for a in atoms) or any(_int(s) is None for s in out_shape):
-        if [_int(s) for s in src_shape] == [_int(s) for s in out_shape]:
-            return list(src)
         return table.fresh_axes(out_shape)
     out: list[Axis] = []
     i = 0
     for pos, size in enumerate(out_shape):
-        size = int(size)
+        size = _int(size)
         if size == 1:
             out.append((table.new_atom(1),))
             continue
         group: list[int] = []
         prod = 1
-        while i < len(atoms) and prod < size:
+        while i < len(atoms) and not _same_size(prod, size):
             group.append(atoms[i])
-            prod *= table.atom_size[atoms[i]]
+            prod = prod * table.atom_size[atoms[i]]
             i += 1
-        if prod != size:
+        if not _same_size(prod, size):
             return out + table.fresh_axes(out_shape[pos:])
         out.append(tuple(group))
     return out

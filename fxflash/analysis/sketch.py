@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.fx as fx
 
 from .dims import DimensionTable
@@ -55,7 +56,7 @@ def op_kinds(gm: fx.GraphModule) -> dict[fx.Node, OpKind]:
             kinds[node] = OpKind.OTHER
             continue
         kind = static_kind(node.target)
-        inputs = node.all_input_nodes
+        inputs = [i for i in node.all_input_nodes if isinstance(i.meta.get("val"), torch.Tensor)]
         p = packet(node.target)
         if p in INDEX_SOURCES and not inputs:
             kind = OpKind.INDEX

@@ -81,20 +81,22 @@ def capture(
     kwargs: dict | None = None,
     module: torch.nn.Module | None = None,
     params: dict | None = None,
+    modes: tuple = ("fake", "real"),
 ) -> CapturedGraph:
     """Trace ``fn(*args, **kwargs)`` (or ``module`` with ``params``) to a functional ATen graph.
 
     Tries fake tracing first (no computation); code whose Python control flow reads tensor
     values is traced again with real tensors. Raises :class:`CaptureError` if both fail.
+    Tensor and SymInt leaves become graph inputs; other leaves are specialized.
     """
     kwargs = kwargs or {}
     params = params or {}
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
-    tensor_positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    tensor_positions = [i for i, x in enumerate(leaves) if isinstance(x, (torch.Tensor, torch.SymInt))]
     param_names = list(params)
     inputs = [params[n] for n in param_names] + [leaves[i] for i in tensor_positions]
     errors = []
-    for mode in ("fake", "real"):
+    for mode in modes:
         out_box: list = []
         flat_fn = _flat_function(fn, module, param_names, leaves, in_spec, tensor_positions, out_box)
         try:

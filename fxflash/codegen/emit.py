@@ -128,6 +128,10 @@ class _Printer:
             raise Unprintable(f"argument {a!r}")
         if a in self.vars:
             return self.vars[a]
+        value = a.meta.get("val")
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
+            return Value(literal(kind(value)), is_literal=True)  # specializes (and guards) on it
         return self.outside(a, self.idx_of(a, idx))
 
     def outside(self, node: fx.Node, idx: tuple) -> Value:

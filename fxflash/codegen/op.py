@@ -1,8 +1,9 @@
 """The ``fxflash::region`` custom op: one fused region, opaque to Dynamo, AOTAutograd, Inductor.
 
-``region(key, inputs, frame, out_shape)`` runs the generated kernel registered under ``key``
-on ``inputs`` (the tensors the kernel reads), with the frame sizes ``[*batch, M, N]``, and
-returns a new contiguous tensor of ``out_shape``. Its fake implementation gives the shape and
+``region(key, inputs, sizes)`` runs the generated kernel registered under ``key`` on
+``inputs`` (the tensors the kernel reads). ``sizes`` holds the frame sizes ``[*batch, M, N]``,
+then the result's shape, then the symbolic sizes the region's own ops use (under
+``dynamic=True``); the result is a new contiguous tensor. Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula recomputes the region's own subgraph
 with eager autograd (no fused backward yet), so training through a fused region is exact.
 """
@@ -23,11 +24,17 @@ from .launch import launch
 class RegisteredRegion:
     plan: KernelPlan
     kernel: object
-    reference: fx.GraphModule  # inputs → the region's output, the ops the kernel replaces
+    reference: fx.GraphModule  # (inputs, extra sizes) → the region's output: the replaced ops
+    out_rank: int
 
-    def run(self, inputs, frame, out_shape):
+    def split(self, sizes):
+        nf = self.plan.frame_rank + 2
+        return sizes[:nf], sizes[nf:nf + self.out_rank], sizes[nf + self.out_rank:]
+
+    def run(self, inputs, sizes):
+        frame, out_shape, extra = self.split(sizes)
         if any(s == 0 for s in frame) or any(s == 0 for s in out_shape):
-            return self.reference(*inputs)  # nothing to tile; eager's semantics for empty sums
+            return self.reference(*inputs, *extra)  # nothing to tile: eager's empty-sum semantics
         return launch(self.plan, self.kernel, inputs, frame, out_shape)
 
 
@@ -54,18 +61,21 @@ def registered(key: str) -> RegisteredRegion:
 
 
 @torch.library.custom_op("fxflash::region", mutates_args=())
-def region(key: str, inputs: list[torch.Tensor], frame: list[int], out_shape: list[int]) -> torch.Tensor:
-    return registered(key).run(inputs, frame, out_shape)
+def region(key: str, inputs: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
+    return registered(key).run(inputs, sizes)
 
 
 @region.register_fake
-def _region_fake(key, inputs, frame, out_shape):
-    return inputs[0].new_empty(out_shape, dtype=registered(key).plan.out_dtype)
+def _region_fake(key, inputs, sizes):
+    entry = registered(key)
+    _, out_shape, _ = entry.split(sizes)
+    return inputs[0].new_empty(out_shape, dtype=entry.plan.out_dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    key, tensors, _, _ = inputs
+    key, tensors, sizes = inputs
     ctx.key = key
+    ctx.extra = registered(key).split(sizes)[2]
     ctx.needs = [t.requires_grad for t in tensors]
     ctx.save_for_backward(*tensors)
 
@@ -74,10 +84,10 @@ def _backward(ctx, grad):
     tensors = ctx.saved_tensors
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, ctx.needs)]
-        out = registered(ctx.key).reference(*leaves)
+        out = registered(ctx.key).reference(*leaves, *ctx.extra)
         wanted = [leaf for leaf, need in zip(leaves, ctx.needs) if need]
         grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
-    return None, [next(grads) if need else None for need in ctx.needs], None, None
+    return None, [next(grads) if need else None for need in ctx.needs], None
 
 
 region.register_autograd(_backward, setup_context=_setup_context)

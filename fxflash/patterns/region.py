@@ -38,6 +38,9 @@ aten = torch.ops.aten
 # Layout ops that only regroup the batch axes of an operand [*batch, rows, cols].
 BATCH_REGROUP = {aten.view, aten._unsafe_view, aten.reshape, aten.clone, aten.alias, aten.expand}
 FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
+# Scalars computed from symbolic sizes (``q.size(-1) ** -0.5`` under dynamic=True); the kernel
+# specializes on their value, which guards the compiled graph.
+SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class FusionRefused(Exception):
@@ -314,9 +317,9 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     if dtype not in FLOAT_DTYPES or second.meta["val"].dtype not in FLOAT_DTYPES:
         raise FusionRefused("dtype", first, f"{dtype} regions stay eager (fused kernels take fp32, fp16, bf16)")
     a_shape, b_shape = _shape(first.args[0]), _shape(first.args[1])
-    M, D, N = a_shape[-2], a_shape[-1], b_shape[-1]
-    v_shape = _shape(second.args[1])
-    Dv = v_shape[-1]
+    M, N = a_shape[-2], b_shape[-1]
+    # head dims are compile-time constants of the kernel: specialize (and guard) on them
+    D, Dv = int(a_shape[-1]), int(_shape(second.args[1])[-1])
     if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM:
         raise FusionRefused("dimension elimination", first if D > MAX_HEAD_DIM else second,
                             f"head dims D={D}, Dv={Dv} must fit one tile (≤ {MAX_HEAD_DIM})")
@@ -334,7 +337,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
             raise FusionRefused("score DAG", node, "op kind cannot be printed in a kernel")
         if analysis.kinds[node] is OpKind.LAYOUT and not _is_frame_identity(node):
             raise FusionRefused("score DAG", node, "a layout op that moves the score tile's axes")
-        if any(isinstance(a, fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes):
+        if any(not isinstance(a.meta.get("val"), (torch.Tensor, *SYMBOLIC_SCALARS)) for a in node.all_input_nodes):
             raise FusionRefused("score DAG", node, "an input without a tensor value")
         _check_broadcasts(node, frame_shape)
         infer.forms[node] = infer.infer(node)

@@ -1,0 +1,209 @@
+"""Side-by-side timings of attention variants: fxflash, eager, torch.compile, FlexAttention, SDPA.
+
+    PYTHONPATH=. python benchmarks/bench_attention.py [--variants …] [--seqlens …] [--out CSV]
+
+The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
+batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Times are medians
+of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built once, cached,
+as its users do) and its ``create_block_mask`` time are separate rows. ``peak_mb`` is
+``torch.cuda.max_memory_allocated`` during one call beyond the memory held before it (the
+inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
+Rows append to ``benchmarks/results/<gpu-name>.csv`` (one row per variant, config, system).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import math
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import fxflash  # noqa: E402
+from fxflash import variants as V  # noqa: E402
+
+FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
+WINDOW, PREFIX, DOCS = 256, 256, 12
+
+
+def flex_api():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    return torch.compile(flex_attention, dynamic=False), create_block_mask
+
+
+def document_ids(n: int, docs: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    cuts = torch.sort(torch.randperm(n - 1, generator=g)[: docs - 1] + 1)[0]
+    ids = torch.zeros(n, dtype=torch.int64)
+    ids[cuts] = 1
+    return ids.cumsum(0).to(device)
+
+
+def case(name: str, B, H, Hkv, S, D, device, dtype):
+    """(fxflash/eager program, its args, flex score_mod, flex mask_mod, sdpa callable or None)."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    q, k, v = rnd(B, H, S, D), rnd(B, Hkv, S, D), rnd(B, Hkv, S, D)
+    gqa = Hkv != H
+    attention = V.gqa_expand if gqa else V.vanilla
+    score_mod = mask_mod = None
+    sdpa = None
+    if name == "vanilla":
+        fn, args = attention, (q, k, v)
+        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, enable_gqa=gqa)
+    elif name == "alibi":
+        fn, args = V.alibi, (q, k, v)
+        slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device=device) / H)
+
+        def score_mod(score, b, h, qi, ki):
+            return score + slopes[h] * (ki - qi)
+    elif name == "softcap":
+        fn, args = V.softcap, (q, k, v)
+
+        def score_mod(score, b, h, qi, ki):
+            return 20.0 * torch.tanh(score / 20.0)
+    elif name == "causal":
+        fn, args = V.causal, (q, k, v)
+
+        def mask_mod(b, h, qi, ki):
+            return qi >= ki
+        sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, is_causal=True, enable_gqa=gqa)
+    elif name == "sliding_window":
+        fn, args = functools.partial(V.sliding_window, window=WINDOW), (q, k, v)
+
+        def mask_mod(b, h, qi, ki):
+            return (qi >= ki) & (qi - ki < WINDOW)
+    elif name == "prefix_lm":
+        fn, args = functools.partial(V.prefix_lm, prefix=PREFIX), (q, k, v)
+
+        def mask_mod(b, h, qi, ki):
+            return (ki <= qi) | (ki < PREFIX)
+    elif name == "document_mask":
+        ids = document_ids(S, DOCS, device)
+        fn, args = V.document_mask, (q, k, v, ids)
+
+        def mask_mod(b, h, qi, ki):
+            return ids[qi] == ids[ki]
+    else:
+        raise ValueError(name)
+    if gqa and name not in ("vanilla",):
+        fn = _gqa_wrap(fn)
+    return fn, args, score_mod, mask_mod, sdpa
+
+
+def _gqa_wrap(fn):
+    """The variant with its k and v expanded to the query heads (the Llama way)."""
+    def gqa(q, k, v, *rest):
+        b, hkv, n, d = k.shape
+        g = q.size(1) // hkv
+        k = k[:, :, None].expand(b, hkv, g, n, d).reshape(b, hkv * g, n, d)
+        v = v[:, :, None].expand(b, hkv, g, n, v.size(-1)).reshape(b, hkv * g, n, v.size(-1))
+        return fn(q, k, v, *rest)
+    functools.update_wrapper(gqa, fn)
+    return gqa
+
+
+def measure(call) -> tuple[float, float]:
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+    return ms, peak
+
+
+def check(out, ref, label):
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    if not err < 2e-2:
+        raise AssertionError(f"{label}: relative error {err:.3g} against eager")
+
+
+def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None):
+    dtype, device = torch.bfloat16, "cuda"
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    flex, create_block_mask = flex_api()
+    new = not os.path.exists(out_path)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "a", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        if new:
+            writer.writeheader()
+        for S in seqlens:
+            B = max(1, tokens // S)
+            for gqa in gqa_modes:
+                Hkv = 2 if gqa else H
+                for name in variants:
+                    torch._dynamo.reset()
+                    fn, args, score_mod, mask_mod, sdpa = case(name, B, H, Hkv, S, D, device, dtype)
+                    q, k, v = args[:3]
+                    flops = 2 * B * H * S * S * (D + D)
+                    row = dict(suite="softmax", variant=name + ("_gqa" if gqa else ""), B=B, H=H, Hkv=Hkv,
+                               M=S, N=S, D=D, Dv=D, dtype="bf16", **meta)
+                    calls = {}
+                    fast = fxflash.optimize(fn)
+                    calls["fxflash"] = lambda: fast(*args)
+                    calls["eager"] = lambda: fn(*args)
+                    compiled = torch.compile(fn, dynamic=False)
+                    calls["torch_compile"] = lambda: compiled(*args)
+                    block_mask = None
+                    if mask_mod is not None:
+                        block_mask = create_block_mask(mask_mod, B if name == "document_mask" else None, None, S, S,
+                                                       device=device)
+                        calls["flex_blockmask"] = lambda: create_block_mask(
+                            mask_mod, B if name == "document_mask" else None, None, S, S, device=device)
+                    calls["flex_kernel"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                        enable_gqa=gqa)
+                    if sdpa is not None:
+                        calls["sdpa"] = lambda: sdpa(q, k, v)
+                    reference = None
+                    for system, call in calls.items():
+                        if systems and system not in systems:
+                            continue
+                        try:
+                            if system != "flex_blockmask":
+                                out = call()
+                                if reference is None and system == "fxflash":
+                                    reference = out
+                                elif reference is not None:
+                                    check(reference, out, f"{row['variant']} S={S} {system}")
+                            ms, peak = measure(call)
+                            tflops = flops / (ms * 1e-3) / 1e12 if system != "flex_blockmask" else float("nan")
+                        except torch.OutOfMemoryError:
+                            ms = peak = tflops = float("nan")
+                            torch.cuda.empty_cache()
+                        writer.writerow(dict(row, system=system, ms=f"{ms:.4f}", tflops=f"{tflops:.1f}",
+                                             peak_mb=f"{peak:.1f}"))
+                        f.flush()
+                        print(f"{row['variant']:<22} S={S:<6} B={B:<3} {system:<15} {ms:9.3f} ms "
+                              f"{tflops:7.1f} TFLOP/s {peak:10.1f} MB", flush=True)
+                    del calls, fast, compiled, args, q, k, v
+                    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="*", default=["vanilla", "alibi", "softcap", "causal", "sliding_window",
+                                                          "prefix_lm", "document_mask"])
+    parser.add_argument("--seqlens", nargs="*", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--gqa", nargs="*", default=["mha", "gqa"], choices=["mha", "gqa"])
+    parser.add_argument("--systems", nargs="*", default=None)
+    parser.add_argument("--out", default=None)
+    opts = parser.parse_args()
+    name = torch.cuda.get_device_name().replace(" ", "_")
+    out = opts.out or os.path.join(os.path.dirname(__file__), "results", f"{name}.csv")
+    run(opts.variants, opts.seqlens, [g == "gqa" for g in opts.gqa], out, systems=opts.systems)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The GPU suite: real Triton kernels on a CUDA GPU (``pytest -m gpu``), bf16 included."""
+import pytest
+import torch
+
+import fxflash
+from fxflash.variants import VARIANTS, Shape
+from helpers import assert_accurate
+from test_fused import SOFTMAX_FAMILY
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SHAPES = {
+    "even": Shape(B=2, H=8, Hkv=2, M=256, N=256, D=64, Dv=64),
+    "odd": Shape(B=3, H=4, Hkv=2, M=197, N=333, D=80, Dv=48),
+    "d128": Shape(B=1, H=4, Hkv=4, M=130, N=520, D=128, Dv=128),
+    "d256": Shape(B=1, H=2, Hkv=1, M=70, N=90, D=256, Dv=256),
+}
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CASES = [(name, "odd", dtype) for name in SOFTMAX_FAMILY for dtype in DTYPES] + [
+    (name, shape, dtype)
+    for name in ("vanilla", "causal", "gqa_expand", "softcap")
+    for shape in ("even", "d128", "d256")
+    for dtype in (torch.float16, torch.bfloat16)
+]
+
+
+@pytest.mark.parametrize("name,shape,dtype", CASES, ids=str)
+def test_variant_on_gpu(name, shape, dtype):
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES[shape], dtype, "cuda")
+    report = fxflash.explain(variant.fn, *args)
+    assert len(report.regions) == variant.chains and all(r.fused for r in report.regions), \
+        [r.reason for r in report.regions]
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def test_memory_stays_linear_in_sequence_length():
+    variant = VARIANTS["causal"]
+    args = variant.inputs(Shape(B=1, H=8, Hkv=8, M=8192, N=8192, D=64, Dv=64), torch.bfloat16, "cuda")
+    fast = fxflash.optimize(variant.fn)
+    fast(*args)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fast(*args)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    scores = 8 * 8192 * 8192 * 2
+    assert extra < scores / 16, f"{extra / 2**20:.1f} MiB beyond the inputs"
+
+
+def test_torch_compile_dynamic_on_gpu():
+    torch._dynamo.reset()
+    variant = VARIANTS["sliding_window"]
+    compiled = torch.compile(variant.fn, backend="fxflash", dynamic=True)
+    for n in (128, 300):
+        args = variant.inputs(Shape(B=1, H=4, Hkv=4, M=n, N=n, D=64, Dv=64), torch.float16, "cuda")
+        assert_accurate(variant.fn, args, compiled(*args))
