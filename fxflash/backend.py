@@ -49,7 +49,12 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
     fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
     modes = [f.fake_mode for f in fakes if isinstance(f, FakeTensor)]
     if not modes or not any(isinstance(x, torch.SymInt) for x in example_inputs):
-        return capture(lambda *xs: gm(*xs), tuple(example_inputs))
+        # static shapes: trace with a fake mode of our own, not Dynamo's (whose shape env would
+        # make the sizes symbolic and collect guards it never asked for)
+        from torch._guards import tracing
+
+        with tracing(None):
+            return capture(lambda *xs: gm(*xs), tuple(example_inputs))
     fake_mode = modes[0]
     with fake_mode:
         return capture(lambda *xs: gm(*xs), tuple(fakes), modes=("real",))

@@ -175,3 +175,18 @@ def test_one_kernel_source_serves_every_sequence_length():
         sources.add(region.source)
         assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
     assert len(sources) == 1
+
+
+@pytest.mark.parametrize("name", ["sliding_window", "gqa_expand", "document_mask"])
+def test_torch_compile_dynamic_compiles_once_for_every_length(name):
+    from fxflash.backend import recent_reports
+
+    torch._dynamo.reset()
+    recent_reports.clear()
+    variant = VARIANTS[name]
+    compiled = torch.compile(variant.fn, backend="fxflash", dynamic=True, options={"inner": "eager"})
+    for n in (20, 37, 50):
+        args = variant.inputs(dataclasses.replace(SHAPES["odd"], M=n, N=n))
+        assert_accurate(variant.fn, args, compiled(*args))
+    assert len(recent_reports) == 1
+    assert all(r.fused for r in recent_reports[0].regions)

@@ -10,9 +10,9 @@ from .op import RegisteredRegion, register
 
 
 def reference_subgraph(output: fx.Node, inputs: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
-    """The ops that compute ``output`` from ``inputs``, as a GraphModule of its own. Graph
-    inputs that are not tensors (symbolic sizes) become its extra trailing inputs; they are
-    returned too."""
+    """The ops that compute ``output`` from ``inputs``, as a GraphModule of its own. Values
+    that are not tensors (sizes, symbolic or read off another tensor) become its extra
+    trailing inputs; they are returned too."""
     needed, stack, extra = [], [output], []
     seen = set(inputs)
     while stack:
@@ -20,11 +20,11 @@ def reference_subgraph(output: fx.Node, inputs: list[fx.Node]) -> tuple[fx.Graph
         if node in seen:
             continue
         seen.add(node)
-        if node.op == "placeholder":
-            if isinstance(node.meta.get("val"), torch.Tensor):
-                raise ValueError(f"region output depends on graph input {node.name} outside its inputs")
+        if not isinstance(node.meta.get("val"), torch.Tensor):
             extra.append(node)
             continue
+        if node.op == "placeholder":
+            raise ValueError(f"region output depends on graph input {node.name} outside its inputs")
         needed.append(node)
         stack.extend(node.all_input_nodes)
     order = {n: i for i, n in enumerate(output.graph.nodes)}
