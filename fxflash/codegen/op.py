@@ -1,9 +1,10 @@
 """The ``fxflash::region`` custom op: one fused region, opaque to Dynamo, AOTAutograd, Inductor.
 
-``region(key, inputs, sizes)`` runs the generated kernel registered under ``key`` on
+``region(key, inputs, sizes, scalars)`` runs the generated kernel registered under ``key`` on
 ``inputs`` (the tensors the kernel reads). ``sizes`` holds the frame sizes ``[*batch, M, N]``,
-then the result's shape, then the symbolic sizes the region's own ops use (under
-``dynamic=True``); the result is a new contiguous tensor. Its fake implementation gives the shape and
+then the result's shape, then the integer sizes the region's own ops read (symbolic under
+``dynamic=True``); ``scalars`` the float values they read (``size(-1) ** -0.5``). The
+result is a new contiguous tensor. Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula recomputes the region's own subgraph
 with eager autograd (no fused backward yet), so training through a fused region is exact.
 """
@@ -24,17 +25,23 @@ from .launch import launch
 class RegisteredRegion:
     plan: KernelPlan
     kernel: object
-    reference: fx.GraphModule  # (inputs, extra sizes) → the region's output: the replaced ops
+    reference: fx.GraphModule  # (inputs, extras) → the region's output: the replaced ops
     out_rank: int
+    extra_is_float: tuple      # for each extra input of the reference: float (else int)
 
     def split(self, sizes):
         nf = self.plan.frame_rank + 2
         return sizes[:nf], sizes[nf:nf + self.out_rank], sizes[nf + self.out_rank:]
 
-    def run(self, inputs, sizes):
-        frame, out_shape, extra = self.split(sizes)
+    def extras(self, sizes, scalars) -> list:
+        ints, floats = iter(self.split(sizes)[2]), iter(scalars)
+        return [next(floats) if f else next(ints) for f in self.extra_is_float]
+
+    def run(self, inputs, sizes, scalars):
+        frame, out_shape, _ = self.split(sizes)
         if any(s == 0 for s in frame) or any(s == 0 for s in out_shape):
-            return self.reference(*inputs, *extra)  # nothing to tile: eager's empty-sum semantics
+            # nothing to tile: eager's semantics for empty sums
+            return self.reference(*inputs, *self.extras(sizes, scalars))
         return launch(self.plan, self.kernel, inputs, frame, out_shape)
 
 
@@ -61,21 +68,22 @@ def registered(key: str) -> RegisteredRegion:
 
 
 @torch.library.custom_op("fxflash::region", mutates_args=())
-def region(key: str, inputs: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
-    return registered(key).run(inputs, sizes)
+def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list[float]) -> torch.Tensor:
+    return registered(key).run(inputs, sizes, scalars)
 
 
 @region.register_fake
-def _region_fake(key, inputs, sizes):
+def _region_fake(key, inputs, sizes, scalars):
     entry = registered(key)
     _, out_shape, _ = entry.split(sizes)
     return inputs[0].new_empty(out_shape, dtype=entry.plan.out_dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    key, tensors, sizes = inputs
+    key, tensors, sizes, scalars = inputs
     ctx.key = key
-    ctx.extra = registered(key).split(sizes)[2]
+    ctx.extra = registered(key).extras(sizes, scalars)
+    ctx.no_scalars = [None] * len(scalars) if not scalars else None
     ctx.needs = [t.requires_grad for t in tensors]
     ctx.save_for_backward(*tensors)
 
@@ -87,7 +95,7 @@ def _backward(ctx, grad):
         out = registered(ctx.key).reference(*leaves, *ctx.extra)
         wanted = [leaf for leaf, need in zip(leaves, ctx.needs) if need]
         grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
-    return None, [next(grads) if need else None for need in ctx.needs], None
+    return None, [next(grads) if need else None for need in ctx.needs], None, ctx.no_scalars
 
 
 region.register_autograd(_backward, setup_context=_setup_context)

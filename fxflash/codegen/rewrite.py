@@ -78,9 +78,11 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
     with gm.graph.inserting_before(output):
         frame = [_size_arg(gm, s, sources) for s in region.frame.meta["val"].shape]
         out_shape = [_size_arg(gm, s, sources) for s in out_val.shape]
-        key = register(RegisteredRegion(plan, kernel, reference, out_val.dim()))
-        sizes = frame + out_shape + [node_map[n] for n in extra]
-        call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes))
+        is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
+        key = register(RegisteredRegion(plan, kernel, reference, out_val.dim(), is_float))
+        sizes = frame + out_shape + [node_map[n] for n, f in zip(extra, is_float) if not f]
+        scalars = [node_map[n] for n, f in zip(extra, is_float) if f]
+        call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes, scalars))
     call.meta["val"] = region.output.meta["val"]
     output.replace_all_uses_with(call)
     return key
