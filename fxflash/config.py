@@ -27,10 +27,13 @@ class Config:
                      no CUDA GPU is present; TRITON_INTERPRET must then be set before triton is
                      imported, which ``fxflash`` does itself when it is the first to import it).
     kernel_cache_dir: where generated kernels are stored (user-only permissions).
+    autotune:        on GPUs, time a few tile configurations per kernel and sequence lengths
+                     at the first call (``FXFLASH_AUTOTUNE=0`` takes the first one untimed).
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
+    autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )

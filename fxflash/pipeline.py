@@ -43,6 +43,12 @@ def _check_device(region) -> None:
     )
 
 
+def _autotune(region) -> bool:
+    """Autotune tile sizes for real GPU kernels (never in the interpreter)."""
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return config.autotune and not interpret and region.output.meta["val"].device.type == "cuda"
+
+
 def _copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
     graph = fx.Graph()
     node_map: dict = {}
@@ -70,7 +76,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
         try:
             region = build_region(analysis, chain)
             _check_device(region)
-            plan = emit_kernel(region, analysis.kinds)
+            plan = emit_kernel(region, analysis.kinds, autotune=_autotune(region))
         except (FusionRefused, Unprintable) as exc:
             regions.append(_region_report(analysis, chain, False, str(exc)))
             continue

@@ -46,6 +46,7 @@ class KernelPlan:
     out_dtype: torch.dtype
     d: int
     dv: int
+    autotuned: bool = False
 
 
 @dataclasses.dataclass
@@ -94,7 +95,7 @@ class _Printer:
         return self.inputs.index(node)
 
     # -- operands ---------------------------------------------------------------------
-    def operand(self, label: str, operand, rows: str, cols: str, row_mask: str, col_mask: str) -> tuple[str, str]:
+    def operand(self, label: str, operand, rows: str, cols: str, row_mask, col_mask) -> tuple[str, str]:
         i = self.tensor_input(operand.node)
         ptr = self.param(f"{label}_ptr", ("ptr", i))
         rank = operand.batch_rank
@@ -109,7 +110,7 @@ class _Printer:
             lines.append(f"{off} += (rest % {label}_nb{axis}).to(tl.int64) * {label}_sb{axis}")
             lines.append(f"rest = rest // {label}_nb{axis}")
         self.pre.extend(lines)
-        return f"{ptr} + {off} + {rows} * {sr} + {cols} * {sc}", f"({row_mask}) & ({col_mask})"
+        return f"{ptr} + {off} + {rows} * {sr} + {cols} * {sc}", " & ".join(f"({m})" for m in (row_mask, col_mask) if m)
 
     # -- values of the score DAG -------------------------------------------------------
     def idx_of(self, node, idx: tuple) -> tuple:
@@ -166,7 +167,7 @@ class _Printer:
                  for axis, e in enumerate(idx) if e is not None]
         offset = " + ".join(terms) if terms else "0"
         used = " ".join(e for e in idx if e)
-        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, f"({COL} < N)")) if v in used]
+        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok")) if v in used]
         mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
         code = f"tl.load({ptr} + {offset}{mask}).to({cd})"
         return self.place(code, COL in used, "x")
@@ -257,7 +258,7 @@ class _Printer:
         return self.place(code, any(a.varies_n for a in args))
 
     # -- the kernel ----------------------------------------------------------------------
-    def build(self, kinds: dict, out_dtype: torch.dtype) -> KernelPlan:
+    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list | None) -> KernelPlan:
         self.kinds = kinds
         r = self.r
         fb = len(self.frame_shape) - 2
@@ -280,16 +281,16 @@ class _Printer:
             "offs_d = tl.arange(0, DP)",
             "offs_dv = tl.arange(0, DVP)",
         ]
-        q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", "offs_d[None, :] < D")
-        k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, "offs_d[:, None] < D", f"{COL} < N")
-        v_ptrs, v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "offs_n[:, None] < N",
-                                      "offs_dv[None, :] < DV")
+        # head-dim masks only where D, Dv are not already powers of two (tile width = size)
+        d_row = "offs_d[None, :] < D" if r.D != _pow2(r.D) else None
+        d_col = "offs_d[:, None] < D" if r.D != _pow2(r.D) else None
+        dv_row = "offs_dv[None, :] < DV" if r.Dv != _pow2(r.Dv) else None
+        q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row)
+        k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok")
+        v_ptrs, v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "row_ok", dv_row)
         self.pre.append(f"q = tl.load({q_ptrs}, mask={q_mask}, other=0.0)")
         precision = _dot_precision(r.q.node.meta["val"].dtype)
         self.loop += [
-            "offs_n = start_n + tl.arange(0, BLOCK_N)",
-            f"{COL} = offs_n[None, :]",
-            "col_ok = cn < N",
             f"k = tl.load({k_ptrs}, mask={k_mask}, other=0.0)",
             f"s = tl.dot(q, k{precision})",
         ]
@@ -320,7 +321,8 @@ class _Printer:
             if red.combine in ("max", "min"):
                 self.loop.append(f"acc_{red.node.name} = new_{red.node.name}")
         self.epilogue(p_form, out_dtype)
-        return KernelPlan(self.name, self.source(), self.args, self.inputs, fb, out_dtype, r.D, r.Dv)
+        return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
+                          autotuned=bool(configs))
 
     def stream_node(self, node: fx.Node) -> None:
         r = self.r
@@ -404,18 +406,35 @@ class _Printer:
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
 
-    def source(self) -> str:
+    def source(self, configs: list | None) -> str:
+        """The module source. The loop over N is printed twice: over the full key tiles, where
+        ``col_ok`` is a constant true the compiler folds away (no bound checks, no masking of
+        the reductions), then over the one partial tile, if any, with the checks."""
         params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
                             "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr"])
         body = ["    " + line for line in self.pre]
-        body.append("    for start_n in range(0, N, BLOCK_N):")
-        body += ["        " + line for line in self.loop]
+        body.append("    n_full = (N // BLOCK_N) * BLOCK_N")
+        for start, stop, col_ok, row_ok in (
+            ("0", "n_full", "tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)"),
+            ("n_full", "N", "cn < N", "offs_n[:, None] < N"),
+        ):
+            body.append(f"    for start_n in range({start}, {stop}, BLOCK_N):")
+            body += ["        " + line for line in (
+                "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
+                f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
+            body += ["        " + line for line in self.loop]
         body += ["    " + line for line in self.post]
+        decorators = ["@triton.jit"]
+        if configs:
+            listed = ", ".join(
+                f"triton.Config({{'BLOCK_M': {bm}, 'BLOCK_N': {bn}}}, num_warps={w}, num_stages={st})"
+                for bm, bn, w, st in configs)
+            decorators.insert(0, f"@triton.autotune(configs=[{listed}], key=['M', 'N'])")
         return "\n".join([
             "import triton",
             "import triton.language as tl",
             HELPERS,
-            "@triton.jit",
+            *decorators,
             f"def {self.name}({params}):",
             *body,
             "",
@@ -432,9 +451,25 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return ", input_precision='tf32'" if torch.backends.cuda.matmul.allow_tf32 else ", input_precision='ieee'"
 
 
-def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> KernelPlan:
-    """Print the Triton kernel of ``region``. Raises Unprintable for an op with no printer."""
-    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype)
+# Tile configurations tried by the autotuner on GPUs, by the larger head dim:
+# (BLOCK_M, BLOCK_N, num_warps, num_stages).
+TILE_CONFIGS = (
+    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 2)]),
+    (128, [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]),
+    (256, [(64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2)]),
+)
+
+
+def tile_configs(d: int, dv: int) -> list:
+    size = max(d, dv)
+    return next(configs for limit, configs in TILE_CONFIGS if size <= limit)
+
+
+def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region", autotune: bool = False) -> KernelPlan:
+    """Print the Triton kernel of ``region``. Raises Unprintable for an op with no printer.
+    With ``autotune``, the kernel is decorated with ``triton.autotune`` over TILE_CONFIGS."""
+    configs = tile_configs(region.D, region.Dv) if autotune else None
+    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

@@ -7,22 +7,18 @@ import os
 import torch
 import triton
 
-from .emit import KernelPlan, block_dims_of
+from .emit import KernelPlan, block_dims_of, tile_configs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def tile_config(plan: KernelPlan, device: torch.device) -> dict:
-    """Tile sizes and launch settings. In the interpreter, 16×16 tiles so that small test
-    shapes cross several tiles; on GPUs a table by head dim (autotuning replaces it later)."""
+    """Tile sizes of a kernel that is not autotuned: in the interpreter, 16×16 tiles so that
+    small test shapes cross several tiles; otherwise the first autotuning candidate."""
     if INTERPRET or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-    d = max(plan.d, plan.dv)
-    if d <= 64:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
-    if d <= 128:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
-    return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)
+    bm, bn, warps, stages = tile_configs(plan.d, plan.dv)[0]
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
 def _arg(spec, inputs, frame):
@@ -42,9 +38,15 @@ def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shape: list)
     """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shape`` the result's shape."""
     device = inputs[0].device
     out = torch.empty(out_shape, dtype=plan.out_dtype, device=device)
-    cfg = tile_config(plan, device)
     batch = math.prod(frame[:-2])
-    grid = (triton.cdiv(frame[-2], cfg["BLOCK_M"]) * batch,)
     args = [_arg(spec, inputs, frame) for spec in plan.args]
+    if plan.autotuned:
+        def grid(meta):
+            return (triton.cdiv(frame[-2], meta["BLOCK_M"]) * batch,)
+
+        kernel[grid](out, *args, **block_dims_of(plan))
+        return out
+    cfg = tile_config(plan, device)
+    grid = (triton.cdiv(frame[-2], cfg["BLOCK_M"]) * batch,)
     kernel[grid](out, *args, **block_dims_of(plan), **cfg)
     return out
