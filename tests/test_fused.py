@@ -191,3 +191,35 @@ def test_torch_compile_dynamic_compiles_once_for_every_length(name):
         assert_accurate(variant.fn, args, compiled(*args))
     assert len(recent_reports) == 1
     assert all(r.fused for r in recent_reports[0].regions)
+
+
+def test_index_arithmetic_is_int32_only_while_it_cannot_overflow():
+    variant = VARIANTS["alibi"]
+    args = variant.inputs(SHAPES["odd"])
+    (region,) = fxflash.explain(variant.fn, *args).regions
+    assert ".to(tl.int32)" in region.source and "tl.int64) * -8.0" not in region.source
+    from fxflash.codegen.op import _REGISTRY
+
+    fast = fxflash.optimize(variant.fn)
+    out = fast(*args)
+    plan = list(_REGISTRY.values())[-1].plan
+    assert plan.index_bound[0] >= 1
+    assert plan.int32_index_ok([2, 4, 19, 37]) and not plan.int32_index_ok([1, 1, 2**31, 2**31])
+    assert_accurate(variant.fn, args, out)
+
+
+def test_products_of_indices_are_computed_in_int64():
+    def fn(q, k, v):
+        i = torch.arange(q.size(-2))[:, None]
+        j = torch.arange(k.size(-2))[None, :]
+        keep = (i * j) % 3 != 1
+        s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    args = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    report = fxflash.explain(fn, *args)
+    if report.regions[0].fused:
+        assert "tl.int64" in report.regions[0].source
+        assert_accurate(fn, args, fxflash.optimize(fn)(*args))
+    else:
+        assert "remainder" in report.regions[0].reason or "printer" in report.regions[0].reason

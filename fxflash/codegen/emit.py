@@ -47,14 +47,48 @@ class KernelPlan:
     d: int
     dv: int
     autotuned: bool = False
+    index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
+
+    def int32_index_ok(self, frame) -> bool:
+        a, b = self.index_bound
+        return a * max(frame) + b < INT32_LIMIT
 
 
 @dataclasses.dataclass
 class Value:
+    """A printed value. ``bound = (a, b)``: an int64 index value held in int32, exact while
+    ``|v| ≤ a·S + b`` with S the largest frame size (checked at every launch)."""
+
     code: str
     varies_n: bool = False
     is_literal: bool = False
+    bound: tuple | None = None
 
+
+# Integer ops computed in int32 on index values, with the bound of their result from the
+# bounds of their arguments: |f(x, y)| ≤ rule(bound x, bound y).
+def _sum_bounds(*bounds):
+    return (sum(b[0] for b in bounds), sum(b[1] for b in bounds))
+
+
+def _max_bounds(*bounds):
+    return (max(b[0] for b in bounds), max(b[1] for b in bounds))
+
+
+NARROW_INT_OPS = {
+    aten.add: _sum_bounds,
+    aten.sub: _sum_bounds,
+    aten.neg: _max_bounds,
+    aten.abs: _max_bounds,
+    aten.maximum: _max_bounds,
+    aten.minimum: _max_bounds,
+    aten.clone: _max_bounds,
+    aten.alias: _max_bounds,
+    aten._to_copy: _max_bounds,
+}
+NARROW_MUL_LIMIT = 1 << 10     # literal factors of a narrowed product
+NARROW_LITERAL_LIMIT = 1 << 24  # literals that join a narrowed value
+INT32_LIMIT = 1 << 31
 
 def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
@@ -73,11 +107,15 @@ class _Printer:
         self.memo: dict = {}
         self.vars: dict = {}
         self.counter = 0
+        self.index_bound = (0, 0)
+        self.idx_bound = {ROW: (1, 0), COL: (1, 0)}
         self.in_epilogue = False
         self.kinds: dict = {}
         self.frame_shape = tuple(region.frame.meta["val"].shape)
         fb = len(self.frame_shape) - 2
         self.frame_idx = tuple(f"fb{i}" for i in range(fb)) + (ROW, COL)
+        for i in range(fb):
+            self.idx_bound[f"fb{i}"] = (1, 0)
 
     # -- parameters -------------------------------------------------------------------
     def tmp(self, prefix="t") -> str:
@@ -125,7 +163,7 @@ class _Printer:
     def arg(self, a, idx: tuple) -> Value:
         if not isinstance(a, fx.Node):
             if isinstance(a, (bool, int, float)):
-                return Value(literal(a), is_literal=True)
+                return Value(literal(a), is_literal=True, bound=_literal_bound(a))
             raise Unprintable(f"argument {a!r}")
         if a in self.vars:
             return self.vars[a]
@@ -182,6 +220,9 @@ class _Printer:
             i = idx[0] if idx else None
             pos = "0" if i is None else i
             code = f"({literal(start)} + {pos} * {literal(step)})"
+            bound = self.arange_bound(start, step, pos, dtype)
+            if bound is not None:
+                return self.bounded(code, COL in pos, bound)
             return self.place(f"{code}.to({compute_dtype(dtype)})", COL in pos)
         if p in (aten.scalar_tensor, aten.full, aten.ones, aten.zeros):
             value = {aten.scalar_tensor: lambda: node.args[0], aten.full: lambda: node.args[1],
@@ -190,7 +231,7 @@ class _Printer:
                 value = int(value)
             elif dtype is not None and dtype.is_floating_point:
                 value = float(value)
-            return Value(literal(value), is_literal=True)
+            return Value(literal(value), is_literal=True, bound=_literal_bound(value))
         if p in (aten.tril, aten.triu):
             x = self.outside(node.args[0], idx)
             diag = node.args[1] if len(node.args) > 1 else 0
@@ -239,10 +280,14 @@ class _Printer:
             start = start + src_shape[d] if start < 0 else min(start, src_shape[d])
             out = list(idx)
             out[d] = f"({start} + ({idx[d] or '0'}) * {step})"
+            inner = self.idx_bound.get(idx[d] or "0", (0, 0))
+            if isinstance(start, int) and isinstance(step, int):
+                self.idx_bound[out[d]] = (inner[0] * abs(step), abs(start) + inner[1] * abs(step))
             return tuple(out)
         if p is aten.select:
             d = node.args[1] % rank
             index = node.args[2] % src_shape[d]
+            self.idx_bound[str(index)] = (0, abs(int(index)))
             return idx[:d] + (str(index),) + idx[d:]
         if p in (aten.clone, aten.alias, aten.contiguous, aten.lift_fresh_copy, aten.detach):
             return idx
@@ -252,10 +297,57 @@ class _Printer:
         p = packet(node.target)
         if p not in PRINTERS:
             raise Unprintable(f"no printer for {node.target}")
+        varies = any(a.varies_n for a in args)
+        dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else None
+        narrowed = [a for a in args if a.bound is not None and not a.is_literal]
+        if narrowed:
+            bound = self.narrow_bound(node, p, args, dtype)
+            if bound is not None:
+                return self.bounded(PRINTERS[p]([a.code for a in args], node), varies, bound)
+            if dtype is not None and not dtype.is_floating_point and p not in COMPARISONS:
+                # widen int32-held index values back to int64 before an integer op that may
+                # overflow (comparisons and conversions to float see the same exact value)
+                args = [dataclasses.replace(a, code=f"({a.code}).to(tl.int64)")
+                        if a.bound is not None and not a.is_literal else a for a in args]
         code = PRINTERS[p]([a.code for a in args], node)
-        if isinstance(node.meta.get("val"), torch.Tensor) and not all(a.is_literal for a in args):
-            code = f"({code}).to({compute_dtype(node.meta['val'].dtype)})"
-        return self.place(code, any(a.varies_n for a in args))
+        if dtype is not None and not all(a.is_literal for a in args):
+            code = f"({code}).to({compute_dtype(dtype)})"
+        return self.place(code, varies)
+
+    # -- int32 index arithmetic ------------------------------------------------------------
+    def bounded(self, code: str, varies_n: bool, bound: tuple) -> Value:
+        """An int64 index value printed in int32; its bound joins the launch-time check."""
+        self.index_bound = _max_bounds(self.index_bound, bound)
+        value = self.place(f"({code}).to(tl.int32)", varies_n)
+        return dataclasses.replace(value, bound=bound)
+
+    def arange_bound(self, start, step, pos: str, dtype) -> tuple | None:
+        if dtype is not torch.int64 or not isinstance(start, int) or not isinstance(step, int):
+            return None
+        inner = self.idx_bound.get(pos, (0, int(pos)) if pos.lstrip("-").isdigit() else None)
+        if inner is None or abs(start) >= NARROW_LITERAL_LIMIT or abs(step) >= NARROW_MUL_LIMIT:
+            return None
+        return (inner[0] * abs(step), abs(start) + inner[1] * abs(step))
+
+    def narrow_bound(self, node, p, args: list[Value], dtype) -> tuple | None:
+        """The bound of an int64 op on int32-held index values, or None to compute in int64."""
+        if dtype is not torch.int64 or any(a.bound is None for a in args):
+            return None
+        if p is aten.mul:
+            lits = [a for a in args if a.is_literal]
+            if len(lits) != 1 or lits[0].bound[1] >= NARROW_MUL_LIMIT:
+                return None
+            (other,) = [a for a in args if not a.is_literal]
+            c = lits[0].bound[1]
+            return (other.bound[0] * c, other.bound[1] * c)
+        if p is aten.where:
+            return _max_bounds(*(a.bound for a in args[1:]))
+        if p in (aten.add, aten.sub) and node.kwargs.get("alpha", 1) != 1:
+            return None
+        rule = NARROW_INT_OPS.get(p)
+        if rule is None or (p is aten._to_copy and node.kwargs.get("dtype") not in (None, torch.int64)):
+            return None
+        return rule(*(a.bound for a in args))
 
     # -- the kernel ----------------------------------------------------------------------
     def build(self, kinds: dict, out_dtype: torch.dtype, configs: list | None) -> KernelPlan:
@@ -312,17 +404,17 @@ class _Printer:
         p_form = r.forms.get(r.p_node)
         v_elem = "v_ptr.dtype.element_ty"
         self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
-        pv = f"tl.dot(tl.where(col_ok, {p.code}, 0.0).to({v_elem}), v{_dot_precision(r.v.node.meta['val'].dtype)})"
+        # the running accumulator is the dot's own accumulator: rescaled, then accumulated into
+        p_tile = f"tl.where(col_ok, {p.code}, 0.0).to({v_elem})"
         if p_form is not None and p_form.scale is not None:
-            self.loop.append(f"acc = acc * alpha_{p_form.scale.name} + {pv}")
-        else:
-            self.loop.append(f"acc = acc + {pv}")
+            self.loop.append(f"acc = acc * alpha_{p_form.scale.name}")
+        self.loop.append(f"acc = tl.dot({p_tile}, v, acc{_dot_precision(r.v.node.meta['val'].dtype)})")
         for red in r.reductions:
             if red.combine in ("max", "min"):
                 self.loop.append(f"acc_{red.node.name} = new_{red.node.name}")
         self.epilogue(p_form, out_dtype)
         return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
-                          autotuned=bool(configs))
+                          autotuned=bool(configs), index_bound=self.index_bound)
 
     def stream_node(self, node: fx.Node) -> None:
         r = self.r
@@ -441,6 +533,15 @@ class _Printer:
         ])
 
 
+COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
+
+
+def _literal_bound(value) -> tuple | None:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= NARROW_LITERAL_LIMIT:
+        return None
+    return (0, abs(value))
+
+
 def _is_shift(node, scale) -> bool:
     return isinstance(node, fx.Node) and packet(node.target) is aten.sub and node.args[1] is scale
 
@@ -454,8 +555,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # Tile configurations tried by the autotuner on GPUs, by the larger head dim:
 # (BLOCK_M, BLOCK_N, num_warps, num_stages).
 TILE_CONFIGS = (
-    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 2)]),
-    (128, [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]),
+    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2)]),
+    (128, [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)]),
     (256, [(64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2)]),
 )
 

@@ -39,8 +39,9 @@ class RegisteredRegion:
 
     def run(self, inputs, sizes, scalars):
         frame, out_shape, _ = self.split(sizes)
-        if any(s == 0 for s in frame) or any(s == 0 for s in out_shape):
-            # nothing to tile: eager's semantics for empty sums
+        if any(s == 0 for s in frame) or any(s == 0 for s in out_shape) or not self.plan.int32_index_ok(frame):
+            # nothing to tile (eager's semantics for empty sums), or sizes so large that the
+            # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
             return self.reference(*inputs, *self.extras(sizes, scalars))
         return launch(self.plan, self.kernel, inputs, frame, out_shape)
 
