@@ -29,11 +29,14 @@ class Config:
     kernel_cache_dir: where generated kernels are stored (user-only permissions).
     autotune:        on GPUs, time a few tile configurations per kernel and sequence lengths
                      at the first call (``FXFLASH_AUTOTUNE=0`` takes the first one untimed).
+    block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
+                     interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
+    block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )

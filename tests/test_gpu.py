@@ -61,3 +61,17 @@ def test_torch_compile_dynamic_on_gpu():
     for n in (128, 300):
         args = variant.inputs(Shape(B=1, H=4, Hkv=4, M=n, N=n, D=64, Dv=64), torch.float16, "cuda")
         assert_accurate(variant.fn, args, compiled(*args))
+
+
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm"])
+def test_tile_skipping_on_gpu_changes_nothing(name):
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=4, M=1000, N=1000, D=64, Dv=64), torch.bfloat16, "cuda")
+    skipped = fxflash.optimize(variant.fn)(*args)
+    fxflash.config.block_sparsity = False
+    try:
+        visited = fxflash.optimize(variant.fn)(*args)
+    finally:
+        fxflash.config.block_sparsity = True
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(variant.fn, args, skipped)

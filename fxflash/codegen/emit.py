@@ -109,7 +109,9 @@ class _Printer:
         self.counter = 0
         self.index_bound = (0, 0)
         self.idx_bound = {ROW: (1, 0), COL: (1, 0)}
+        self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
+        self.skips_tiles = False
         self.kinds: dict = {}
         self.frame_shape = tuple(region.frame.meta["val"].shape)
         fb = len(self.frame_shape) - 2
@@ -218,7 +220,9 @@ class _Printer:
             args = list(node.args)
             start, end, step = (0, args[0], 1) if len(args) == 1 else (args + [1])[:3]
             i = idx[0] if idx else None
-            pos = "0" if i is None else i
+            if i is None:  # a broadcast axis of size one: the first value
+                return Value(literal(start), is_literal=True, bound=_literal_bound(start))
+            pos = i
             code = f"({literal(start)} + {pos} * {literal(step)})"
             bound = self.arange_bound(start, step, pos, dtype)
             if bound is not None:
@@ -283,6 +287,7 @@ class _Printer:
             inner = self.idx_bound.get(idx[d] or "0", (0, 0))
             if isinstance(start, int) and isinstance(step, int):
                 self.idx_bound[out[d]] = (inner[0] * abs(step), abs(start) + inner[1] * abs(step))
+                self.affine_idx[out[d]] = (start, idx[d], step)
             return tuple(out)
         if p is aten.select:
             d = node.args[1] % rank
@@ -303,7 +308,10 @@ class _Printer:
         if narrowed:
             bound = self.narrow_bound(node, p, args, dtype)
             if bound is not None:
-                return self.bounded(PRINTERS[p]([a.code for a in args], node), varies, bound)
+                code = PRINTERS[p]([a.code for a in args], node)
+                if all(a.is_literal for a in args):
+                    return Value(code, is_literal=True, bound=bound)
+                return self.bounded(code, varies, bound)
             if dtype is not None and not dtype.is_floating_point and p not in COMPARISONS:
                 # widen int32-held index values back to int64 before an integer op that may
                 # overflow (comparisons and conversions to float see the same exact value)
@@ -498,6 +506,45 @@ class _Printer:
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
 
+    def tile_range(self) -> list[str]:
+        """Lines that set ``[lo_t, hi_t)``, the key tiles this row tile must visit: leading
+        and trailing tiles that every tile mask empties are skipped (block sparsity)."""
+        lines = ["lo_t = tl.full([], 0, tl.int32)", "hi_t = tl.cdiv(N, BLOCK_N).to(tl.int32)"]
+        empty = self.empty_tile_test()
+        if empty is None:
+            return lines
+        tests, cond = empty
+        lines += ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1"]
+        for tile, step in (("lo_t", "+"), ("hi_t - 1", "-")):
+            var = tile.split()[0]
+            lines += [f"scanning = lo_t < hi_t", "while scanning:",
+                      f"    n_lo = ({tile}) * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
+            lines += ["    " + line for line in tests]
+            lines += [f"    empty = {cond}", f"    {var} = {var} {step} empty.to(tl.int32)",
+                      "    scanning = empty & (lo_t < hi_t)"]
+        return lines
+
+    def empty_tile_test(self):
+        """(scalar lines, condition) true when the tile [m_lo, m_hi] × [n_lo, n_hi] is masked
+        everywhere by one of the region's tile masks; None when no mask has intervals."""
+        from .intervals import IntervalPrinter, NoInterval
+
+        ranges = {ROW: ("m_lo", "m_hi"), COL: ("n_lo", "n_hi")}
+        ranges.update({f"fb{i}": (f"fb{i}", f"fb{i}") for i in range(len(self.frame_shape) - 2)})
+        ip = IntervalPrinter(self, ranges)
+        conds = []
+        for mask in self.r.tile_masks:
+            try:
+                iv = ip.of(mask.condition, self.idx_of(mask.condition, self.frame_idx))
+            except (NoInterval, Unprintable):
+                continue
+            if iv.is_bool:
+                conds.append(f"({iv.must})" if mask.masked_when else f"(~({iv.may}))")
+        if not conds:
+            return None
+        self.skips_tiles = True
+        return ip.lines, " | ".join(conds)
+
     def source(self, configs: list | None) -> str:
         """The module source. The loop over N is printed twice: over the full key tiles, where
         ``col_ok`` is a constant true the compiler folds away (no bound checks, no masking of
@@ -505,13 +552,15 @@ class _Printer:
         params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
                             "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr"])
         body = ["    " + line for line in self.pre]
-        body.append("    n_full = (N // BLOCK_N) * BLOCK_N")
+        body += ["    " + line for line in self.tile_range()]
+        body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
         for start, stop, col_ok, row_ok in (
-            ("0", "n_full", "tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)"),
-            ("n_full", "N", "cn < N", "offs_n[:, None] < N"),
+            ("lo_t", "n_split", "tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)"),
+            ("tl.maximum(lo_t, n_split)", "hi_t", "cn < N", "offs_n[:, None] < N"),
         ):
-            body.append(f"    for start_n in range({start}, {stop}, BLOCK_N):")
+            body.append(f"    for t in range({start}, {stop}):")
             body += ["        " + line for line in (
+                "start_n = t * BLOCK_N",
                 "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
             body += ["        " + line for line in self.loop]

@@ -23,6 +23,7 @@ from ..analysis import GraphAnalysis, OpKind
 from ..analysis.ops import packet
 from ..analysis.sketch import dim_name
 from .chains import Chain
+from .sparsity import skippable_masks
 from .rules import (
     DEFERRABLE,
     HOMOMORPHISMS,
@@ -122,6 +123,7 @@ class Region:
     N: int
     D: int
     Dv: int
+    tile_masks: list = dataclasses.field(default_factory=list)
 
     @property
     def scale(self) -> fx.Node | None:
@@ -361,11 +363,18 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
         f"{first.name} and {second.name} chain inside the loop",
     ]
-    return Region(
+    region = Region(
         chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, stream=stream_nodes,
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
         nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv,
     )
+    from ..config import config
+
+    region.tile_masks = skippable_masks(region, analysis.kinds) if config.block_sparsity else []
+    for mask in region.tile_masks:
+        steps.append(f"block sparsity: a key tile is skipped when {mask.condition.name} is "
+                     f"{mask.masked_when} on all of it (scores -inf, every accumulator scaled by exp)")
+    return region
 
 
 def _is_frame_identity(node: fx.Node) -> bool:

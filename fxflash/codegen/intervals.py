@@ -1,0 +1,219 @@
+"""Interval arithmetic over index expressions, printed as scalar Triton code.
+
+For a tile of rows ``[m_lo, m_hi]`` and keys ``[n_lo, n_hi]`` (batch indices exact), an
+integer index expression gets an interval ``[lo, hi]`` containing every value it takes on the
+tile, and a boolean one a pair ``(must, may)``: ``must`` — true at every element, ``may`` —
+true at some element. Both are sound over-approximations, so a tile is declared empty only if
+every element of it is masked.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from ..analysis import OpKind
+from ..analysis.ops import packet
+
+aten = torch.ops.aten
+
+
+class NoInterval(Exception):
+    """The expression has an op without an interval rule."""
+
+
+@dataclasses.dataclass
+class Interval:
+    lo: str = ""      # integers: bounds
+    hi: str = ""
+    must: str = ""    # booleans
+    may: str = ""
+
+    @property
+    def is_bool(self) -> bool:
+        return bool(self.must)
+
+
+def ip_bool(value: bool) -> str:
+    """A scalar boolean tensor (``~`` of a Python bool would be an integer)."""
+    return "(m_lo == m_lo)" if value else "(m_lo != m_lo)"
+
+
+def _int(lo, hi):
+    return Interval(lo=lo, hi=hi)
+
+
+def _bool(must, may):
+    return Interval(must=must, may=may)
+
+
+class IntervalPrinter:
+    """Prints the interval of an index expression at tile index expressions ``idx``."""
+
+    def __init__(self, printer, index_ranges: dict):
+        self.p = printer
+        self.ranges = dict(index_ranges)  # index string → (lo, hi) code
+        self.lines: list[str] = []
+        self.count = 0
+
+    def bind(self, code: str) -> str:
+        self.count += 1
+        name = f"iv{self.count}"
+        self.lines.append(f"{name} = {code}")
+        return name
+
+    def index_range(self, e: str | None) -> tuple[str, str]:
+        if e is None:
+            return "0", "0"
+        if e in self.ranges:
+            return self.ranges[e]
+        if e.lstrip("-").isdigit():
+            return e, e
+        affine = self.p.affine_idx.get(e)
+        if affine is None:
+            raise NoInterval(f"index {e}")
+        start, inner, step = affine
+        lo, hi = self.index_range(inner)
+        a, b = f"({start} + ({lo}) * {step})", f"({start} + ({hi}) * {step})"
+        return (a, b) if step >= 0 else (b, a)
+
+    def of(self, node, idx: tuple) -> Interval:
+        if not isinstance(node, fx.Node):
+            if isinstance(node, bool):
+                return _bool(*(ip_bool(node),) * 2)
+            if isinstance(node, int):
+                return _int(str(node), str(node))
+            raise NoInterval(f"literal {node!r}")
+        if self.p.kinds.get(node) is not OpKind.INDEX:
+            raise NoInterval(f"{node.name} is not an index expression")
+        p = packet(node.target)
+        dtype = node.meta["val"].dtype
+        if p is aten.arange:
+            args = list(node.args)
+            start, _, step = (0, args[0], 1) if len(args) == 1 else (args + [1])[:3]
+            if not isinstance(start, int) or not isinstance(step, int):
+                raise NoInterval("arange with symbolic start or step")
+            lo, hi = self.index_range(idx[0] if idx else None)
+            a, b = f"({start} + ({lo}) * {step})", f"({start} + ({hi}) * {step})"
+            return _int(a, b) if step >= 0 else _int(b, a)
+        if p in (aten.scalar_tensor, aten.full, aten.ones, aten.zeros):
+            value = {aten.scalar_tensor: lambda: node.args[0], aten.full: lambda: node.args[1],
+                     aten.ones: lambda: 1, aten.zeros: lambda: 0}[p]()
+            if dtype is torch.bool:
+                return _bool(*(ip_bool(bool(value)),) * 2)
+            if dtype.is_floating_point:
+                raise NoInterval("float constant")
+            return _int(str(int(value)), str(int(value)))
+        if p in (aten.tril, aten.triu):
+            x = self.of(node.args[0], idx)
+            if not x.is_bool:
+                raise NoInterval("tril of integers")
+            diag = node.args[1] if len(node.args) > 1 else 0
+            rlo, rhi = self.index_range(idx[-2])
+            clo, chi = self.index_range(idx[-1])
+            if p is aten.tril:   # keep where col - row <= diag
+                must, may = f"(({chi}) - ({rlo}) <= {diag})", f"(({clo}) - ({rhi}) <= {diag})"
+            else:                # keep where col - row >= diag
+                must, may = f"(({clo}) - ({rhi}) >= {diag})", f"(({chi}) - ({rlo}) >= {diag})"
+            return _bool(self.bind(f"{x.must} & {must}"), self.bind(f"{x.may} & {may}"))
+        rule = RULES.get(p)
+        if rule is not None:
+            args = [self.of(a, self.p.idx_of(a, idx) if isinstance(a, fx.Node) else idx) for a in node.args]
+            return rule(self, node, args)
+        return self.of(node.args[0], self.p.layout_source_idx(node, idx))
+
+
+def _add(ip, node, a):
+    if node.kwargs.get("alpha", 1) != 1:
+        raise NoInterval("alpha")
+    return _int(ip.bind(f"{a[0].lo} + {a[1].lo}"), ip.bind(f"{a[0].hi} + {a[1].hi}"))
+
+
+def _sub(ip, node, a):
+    if node.kwargs.get("alpha", 1) != 1:
+        raise NoInterval("alpha")
+    return _int(ip.bind(f"{a[0].lo} - {a[1].hi}"), ip.bind(f"{a[0].hi} - {a[1].lo}"))
+
+
+def _neg(ip, node, a):
+    return _int(ip.bind(f"-({a[0].hi})"), ip.bind(f"-({a[0].lo})"))
+
+
+def _mul(ip, node, a):
+    lits = [x for x in node.args if isinstance(x, int) and not isinstance(x, bool)]
+    if len(lits) != 1:
+        raise NoInterval("product of two index values")
+    c = lits[0]
+    (x,) = [iv for arg, iv in zip(node.args, a) if isinstance(arg, fx.Node)]
+    lo, hi = f"({x.lo}) * {c}", f"({x.hi}) * {c}"
+    return _int(ip.bind(lo), ip.bind(hi)) if c >= 0 else _int(ip.bind(hi), ip.bind(lo))
+
+
+def _abs(ip, node, a):
+    lo, hi = a[0].lo, a[0].hi
+    return _int(ip.bind(f"tl.maximum(tl.maximum({lo}, -({hi})), 0)"),
+                ip.bind(f"tl.maximum({hi}, -({lo}))"))
+
+
+def _minmax(fn):
+    def rule(ip, node, a):
+        return _int(ip.bind(f"{fn}({a[0].lo}, {a[1].lo})"), ip.bind(f"{fn}({a[0].hi}, {a[1].hi})"))
+    return rule
+
+
+def _compare(op):
+    def rule(ip, node, a):
+        x, y = a
+        if x.is_bool or y.is_bool:
+            raise NoInterval("comparison of booleans")
+        must, may = {
+            "le": (f"({x.hi}) <= ({y.lo})", f"({x.lo}) <= ({y.hi})"),
+            "lt": (f"({x.hi}) < ({y.lo})", f"({x.lo}) < ({y.hi})"),
+            "ge": (f"({x.lo}) >= ({y.hi})", f"({x.hi}) >= ({y.lo})"),
+            "gt": (f"({x.lo}) > ({y.hi})", f"({x.hi}) > ({y.lo})"),
+            "eq": (f"(({x.lo}) == ({x.hi})) & (({y.lo}) == ({y.hi})) & (({x.lo}) == ({y.lo}))",
+                   f"(({x.lo}) <= ({y.hi})) & (({y.lo}) <= ({x.hi}))"),
+            "ne": (f"(({x.hi}) < ({y.lo})) | (({y.hi}) < ({x.lo}))",
+                   f"~((({x.lo}) == ({x.hi})) & (({y.lo}) == ({y.hi})) & (({x.lo}) == ({y.lo})))"),
+        }[op]
+        return _bool(ip.bind(must), ip.bind(may))
+    return rule
+
+
+def _and(ip, node, a):
+    return _bool(ip.bind(f"({a[0].must}) & ({a[1].must})"), ip.bind(f"({a[0].may}) & ({a[1].may})"))
+
+
+def _or(ip, node, a):
+    return _bool(ip.bind(f"({a[0].must}) | ({a[1].must})"), ip.bind(f"({a[0].may}) | ({a[1].may})"))
+
+
+def _not(ip, node, a):
+    if not a[0].is_bool:
+        raise NoInterval("bitwise not of integers")
+    return _bool(ip.bind(f"~({a[0].may})"), ip.bind(f"~({a[0].must})"))
+
+
+def _same(ip, node, a):
+    if node.kwargs.get("dtype") not in (None, node.args[0].meta["val"].dtype):
+        raise NoInterval("a cast")
+    return a[0]
+
+
+def _where(ip, node, a):
+    c, x, y = a
+    if x.is_bool:
+        raise NoInterval("where of booleans")
+    return _int(ip.bind(f"tl.minimum({x.lo}, {y.lo})"), ip.bind(f"tl.maximum({x.hi}, {y.hi})"))
+
+
+RULES = {
+    aten.add: _add, aten.sub: _sub, aten.neg: _neg, aten.mul: _mul, aten.abs: _abs,
+    aten.maximum: _minmax("tl.maximum"), aten.minimum: _minmax("tl.minimum"),
+    aten.le: _compare("le"), aten.lt: _compare("lt"), aten.ge: _compare("ge"), aten.gt: _compare("gt"),
+    aten.eq: _compare("eq"), aten.ne: _compare("ne"),
+    aten.logical_and: _and, aten.bitwise_and: _and, aten.logical_or: _or, aten.bitwise_or: _or,
+    aten.logical_not: _not, aten.bitwise_not: _not,
+    aten._to_copy: _same, aten.clone: _same, aten.alias: _same, aten.where: _where,
+}

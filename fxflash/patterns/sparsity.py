@@ -1,0 +1,69 @@
+"""Which masks let a key tile be skipped, proved from the region's algebra.
+
+A key tile may be skipped when every score of it is ``-inf`` and everything the region
+accumulates over N is scaled by ``E(x - m)`` with ``x`` those scores: then the tile leaves
+the running maximum unchanged and adds exactly zero to every sum and to ``P·V``. The scores
+are ``-inf`` on a tile when ``x = where(c, s, -inf)`` (or ``where(c, -inf, s)``, possibly
+through float casts and further masks of that form) and the index-expression condition ``c``
+is false (true) everywhere on the tile — which codegen decides per tile by interval
+arithmetic over the tile's index ranges (:mod:`fxflash.codegen.intervals`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.fx as fx
+
+from ..analysis import OpKind
+from ..analysis.ops import packet
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class TileMask:
+    """``-inf`` where ``condition`` equals ``masked_when``; ``condition`` is an index expression."""
+
+    condition: fx.Node
+    masked_when: bool
+
+
+def _is_neg_inf(arg) -> bool:
+    if isinstance(arg, float):
+        return arg == -math.inf
+    if isinstance(arg, fx.Node) and packet(arg.target) in (aten.scalar_tensor, aten.full):
+        value = arg.args[0] if packet(arg.target) is aten.scalar_tensor else arg.args[1]
+        return isinstance(value, float) and value == -math.inf
+    return False
+
+
+def skippable_masks(region, kinds: dict) -> list[TileMask]:
+    """The masks that make a key tile skippable, or [] when skipping is not provable."""
+    scale = region.scale
+    if scale is None or any(r.node is not scale and r.scale is not scale for r in region.reductions):
+        return []
+    if region.forms[region.p_node].scale is not scale:
+        return []
+    masks = []
+    node = scale.args[0]
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        p = packet(node.target)
+        if p is aten._to_copy and node.kwargs.get("dtype") in (torch.float32, torch.float16, torch.bfloat16):
+            node = node.args[0]
+            continue
+        if p is not aten.where:
+            break
+        cond, a, b = node.args
+        if not (isinstance(cond, fx.Node) and kinds.get(cond) is OpKind.INDEX):
+            break
+        if _is_neg_inf(b):
+            masks.append(TileMask(cond, False))
+            node = a
+        elif _is_neg_inf(a):
+            masks.append(TileMask(cond, True))
+            node = b
+        else:
+            break
+    return masks

@@ -1,0 +1,93 @@
+"""Block sparsity from the mask's own expression: skipping never changes a result."""
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fxflash
+from fxflash.variants import VARIANTS, Shape
+from helpers import assert_accurate
+
+LINEAR = st.tuples(st.integers(-2, 2), st.integers(-2, 2), st.integers(-40, 40))
+COMPARE = st.sampled_from(["<=", "<", ">=", ">", "==", "!="])
+
+
+def _atom():
+    return st.tuples(LINEAR, COMPARE, st.integers(-20, 20)).map(lambda t: ("cmp",) + t)
+
+
+MASKS = st.recursive(
+    _atom(),
+    lambda inner: st.one_of(
+        st.tuples(st.just("and"), inner, inner),
+        st.tuples(st.just("or"), inner, inner),
+        st.tuples(st.just("not"), inner),
+    ),
+    max_leaves=4,
+)
+
+
+def _build(tree, i, j):
+    kind = tree[0]
+    if kind == "cmp":
+        (a, b, c), op, rhs = tree[1:]
+        x = a * i + b * j + c
+        return {"<=": x <= rhs, "<": x < rhs, ">=": x >= rhs, ">": x > rhs, "==": x == rhs, "!=": x != rhs}[op]
+    if kind == "not":
+        return ~_build(tree[1], i, j)
+    left, right = _build(tree[1], i, j), _build(tree[2], i, j)
+    return left & right if kind == "and" else left | right
+
+
+def _program(tree):
+    def masked_attention(q, k, v):
+        i = torch.arange(q.size(-2), device=q.device)[:, None]
+        j = torch.arange(k.size(-2), device=q.device)[None, :]
+        keep = _build(tree, i, j)
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        s = s.masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+    return masked_attention
+
+
+def _run(fn, args, sparsity: bool):
+    old = fxflash.config.block_sparsity
+    fxflash.config.block_sparsity = sparsity
+    try:
+        report = fxflash.explain(fn, *args)
+        return report, fxflash.optimize(fn)(*args)
+    finally:
+        fxflash.config.block_sparsity = old
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tree=MASKS, m=st.integers(2, 50), n=st.integers(2, 70))
+def test_skipping_never_changes_the_output(tree, m, n):
+    fn = _program(tree)
+    args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=m, N=n, D=8, Dv=8))
+    report, skipped = _run(fn, args, True)
+    assert report.regions and report.regions[0].fused, report.regions
+    _, visited = _run(fn, args, False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(fn, args, skipped)
+
+
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm"])
+def test_index_masks_skip_tiles(name):
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16))
+    report, out = _run(variant.fn, args, True)
+    (region,) = report.regions
+    assert "while scanning" in region.source
+    assert any("block sparsity" in step for step in region.steps)
+    assert_accurate(variant.fn, args, out)
+
+
+def test_masks_from_tensors_and_additive_biases_do_not_skip():
+    for name in ("document_mask", "additive_mask"):
+        variant = VARIANTS[name]
+        (region,) = fxflash.explain(variant.fn, *variant.inputs(Shape(M=20, N=20))).regions
+        assert region.fused and "while scanning" not in region.source
