@@ -85,6 +85,9 @@ class IntervalPrinter:
             if isinstance(node, int):
                 return _int(str(node), str(node))
             raise NoInterval(f"literal {node!r}")
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt):  # a symbolic size: specialized like the kernel body
+            return _int(str(int(value)), str(int(value)))
         if self.p.kinds.get(node) is not OpKind.INDEX:
             raise NoInterval(f"{node.name} is not an index expression")
         p = packet(node.target)
@@ -119,9 +122,13 @@ class IntervalPrinter:
             return _bool(self.bind(f"{x.must} & {must}"), self.bind(f"{x.may} & {may}"))
         rule = RULES.get(p)
         if rule is not None:
-            args = [self.of(a, self.p.idx_of(a, idx) if isinstance(a, fx.Node) else idx) for a in node.args]
+            args = [self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx) for a in node.args]
             return rule(self, node, args)
         return self.of(node.args[0], self.p.layout_source_idx(node, idx))
+
+
+def _is_tensor(arg) -> bool:
+    return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
 
 
 def _add(ip, node, a):
