@@ -509,10 +509,10 @@ class _Printer:
     def tile_range(self) -> list[str]:
         """Lines that set ``[lo_t, hi_t)``, the key tiles this row tile must visit: leading
         and trailing tiles that every tile mask empties are skipped (block sparsity)."""
-        lines = ["lo_t = tl.full([], 0, tl.int32)", "hi_t = tl.cdiv(N, BLOCK_N).to(tl.int32)"]
         empty = self.empty_tile_test()
         if empty is None:
-            return lines
+            return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
+        lines = ["lo_t = tl.full([], 0, tl.int32)", "hi_t = tl.cdiv(N, BLOCK_N).to(tl.int32)"]
         tests, cond = empty
         lines += ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1"]
         for tile, step in (("lo_t", "+"), ("hi_t - 1", "-")):
@@ -556,11 +556,11 @@ class _Printer:
         body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
         for start, stop, col_ok, row_ok in (
             ("lo_t", "n_split", "tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)"),
-            ("tl.maximum(lo_t, n_split)", "hi_t", "cn < N", "offs_n[:, None] < N"),
+            ("n_split" if not self.skips_tiles else "tl.maximum(lo_t, n_split)", "hi_t", "cn < N",
+             "offs_n[:, None] < N"),
         ):
-            body.append(f"    for t in range({start}, {stop}):")
+            body.append(f"    for start_n in range(({start}) * BLOCK_N, ({stop}) * BLOCK_N, BLOCK_N):")
             body += ["        " + line for line in (
-                "start_n = t * BLOCK_N",
                 "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
             body += ["        " + line for line in self.loop]
