@@ -223,3 +223,20 @@ def test_products_of_indices_are_computed_in_int64():
         assert_accurate(fn, args, fxflash.optimize(fn)(*args))
     else:
         assert "remainder" in report.regions[0].reason or "printer" in report.regions[0].reason
+
+
+def test_document_ids_are_compared_per_tile_not_materialized():
+    variant = VARIANTS["document_mask"]
+    args = variant.inputs(SHAPES["odd"])
+    report = fxflash.explain(variant.fn, *args)
+    (call,) = [n for n in report.rewritten.graph.nodes if "fxflash.region" in str(n.target)]
+    loaded = [n.meta["val"].numel() for n in call.args[1][3:]]
+    assert loaded and max(loaded) <= args[3].numel()  # the ids, never an [N, N] mask
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def test_tile_configs_fit_shared_memory():
+    from fxflash.codegen.emit import tile_configs
+
+    assert all(bm * 128 * 4 < 220 * 1024 for bm, *_ in tile_configs(80, 48, 4))
+    assert tile_configs(64, 64, 2)[0] == (128, 64, 4, 3)

@@ -47,6 +47,7 @@ class KernelPlan:
     d: int
     dv: int
     autotuned: bool = False
+    elem_bytes: int = 2
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
 
     def int32_index_ok(self, frame) -> bool:
@@ -112,6 +113,7 @@ class _Printer:
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
         self.skips_tiles = False
+        self.inline_memo: dict = {}
         self.kinds: dict = {}
         self.frame_shape = tuple(region.frame.meta["val"].shape)
         fb = len(self.frame_shape) - 2
@@ -179,10 +181,26 @@ class _Printer:
         key = (node, idx, self.in_epilogue)
         if key in self.memo:
             return self.memo[key]
-        index = self.kinds.get(node) is OpKind.INDEX
-        value = self.index_expr(node, idx) if index else self.load(node, idx)
+        computed = self.kinds.get(node) is OpKind.INDEX or self.inlinable(node)
+        value = self.index_expr(node, idx) if computed else self.load(node, idx)
         self.memo[key] = value
         return value
+
+    def inlinable(self, node: fx.Node) -> bool:
+        """Is ``node`` an elementwise op that broadcasts smaller tensors up (``ids[:, None] ==
+        ids[None, :]``), or an op on such a value? Then the kernel computes it per tile from
+        its inputs instead of loading an O(M·N) tensor that eager would materialize."""
+        if node in self.inline_memo:
+            return self.inline_memo[node]
+        val = node.meta.get("val")
+        ok = False
+        if (node.op == "call_function" and isinstance(val, torch.Tensor)
+                and self.kinds.get(node) is OpKind.ELEMENTWISE and packet(node.target) in PRINTERS):
+            inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+            largest = max((a.meta["val"].numel() for a in inputs), default=0)
+            ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs))
+        self.inline_memo[node] = ok
+        return ok
 
     def place(self, code: str, varies_n: bool, prefix="t") -> Value:
         """Bind ``code`` to a new name: after the loop in the epilogue, else inside the loop
@@ -422,7 +440,8 @@ class _Printer:
                 self.loop.append(f"acc_{red.node.name} = new_{red.node.name}")
         self.epilogue(p_form, out_dtype)
         return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
-                          autotuned=bool(configs), index_bound=self.index_bound)
+                          autotuned=bool(configs), index_bound=self.index_bound,
+                          elem_bytes=r.q.node.meta["val"].element_size())
 
     def stream_node(self, node: fx.Node) -> None:
         r = self.r
@@ -610,15 +629,27 @@ TILE_CONFIGS = (
 )
 
 
-def tile_configs(d: int, dv: int) -> list:
+SHARED_MEMORY_BUDGET = 220 * 1024   # bytes; Hopper has 227 KB per block
+SHARED_MEMORY_SLACK = 1.2           # Triton's own buffers beyond the operand tiles
+
+
+def tile_configs(d: int, dv: int, elem_bytes: int = 2) -> list:
+    """Candidate tiles for head dims d, dv, without those whose operand tiles (Q once, K and V
+    per pipeline stage) would not fit in shared memory; the smallest tile if none fits."""
     size = max(d, dv)
-    return next(configs for limit, configs in TILE_CONFIGS if size <= limit)
+    dp, dvp = _pow2(d), _pow2(dv)
+    fitting = [
+        (bm, bn, w, st) for bm, bn, w, st in next(c for limit, c in TILE_CONFIGS if size <= limit)
+        if (bm * dp + st * bn * (dp + dvp)) * elem_bytes * SHARED_MEMORY_SLACK <= SHARED_MEMORY_BUDGET
+    ]
+    return fitting or [(32, 32, 4, 1)]
 
 
 def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region", autotune: bool = False) -> KernelPlan:
     """Print the Triton kernel of ``region``. Raises Unprintable for an op with no printer.
     With ``autotune``, the kernel is decorated with ``triton.autotune`` over TILE_CONFIGS."""
-    configs = tile_configs(region.D, region.Dv) if autotune else None
+    elem_bytes = region.q.node.meta["val"].element_size()
+    configs = tile_configs(region.D, region.Dv, elem_bytes) if autotune else None
     return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
 
 
