@@ -23,9 +23,6 @@ class Config:
 
     cache_size:      input signatures kept per optimized callable (least recently used evicted).
     fuse:            False turns fusion off: graphs are captured and analysed but run as traced.
-    interpret:       run generated kernels through Triton's interpreter (set automatically when
-                     no CUDA GPU is present; TRITON_INTERPRET must then be set before triton is
-                     imported, which ``fxflash`` does itself when it is the first to import it).
     kernel_cache_dir: where generated kernels are stored (user-only permissions).
     autotune:        on GPUs, time a few tile configurations per kernel and sequence lengths
                      at the first call (``FXFLASH_AUTOTUNE=0`` takes the first one untimed).

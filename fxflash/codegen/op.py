@@ -84,7 +84,8 @@ def _setup_context(ctx, inputs, output):
     key, tensors, sizes, scalars = inputs
     ctx.key = key
     ctx.extra = registered(key).extras(sizes, scalars)
-    ctx.no_scalars = [None] * len(scalars) if not scalars else None
+    # the gradient of ``scalars`` must have its structure: an empty list stays a list
+    ctx.no_scalars = [] if not scalars else None
     ctx.needs = [t.requires_grad for t in tensors]
     ctx.save_for_backward(*tensors)
 
