@@ -240,3 +240,11 @@ def test_tile_configs_fit_shared_memory():
 
     assert all(bm * 128 * 4 < 220 * 1024 for bm, *_ in tile_configs(80, 48, 4))
     assert tile_configs(64, 64, 2)[0] == (128, 64, 4, 3)
+
+
+def test_expanded_gqa_keys_are_read_in_place_not_copied():
+    variant = VARIANTS["gqa_expand"]
+    args = variant.inputs(SHAPES["odd"])
+    report = fxflash.explain(variant.fn, *args)
+    assert "clone" not in report.rewritten.code  # neither K nor V is copied before the kernel
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))

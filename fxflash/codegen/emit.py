@@ -144,8 +144,9 @@ class _Printer:
         for axis in range(rank):
             self.param(f"{label}_nb{axis}", ("size", i, axis))
             self.param(f"{label}_sb{axis}", ("stride", i, axis))
-        sr = self.param(f"{label}_sr", ("stride", i, rank))
-        sc = self.param(f"{label}_sc", ("stride", i, rank + 1))
+        row_axis, col_axis = (rank + 1, rank) if operand.transposed else (rank, rank + 1)
+        sr = self.param(f"{label}_sr", ("stride", i, row_axis))
+        sc = self.param(f"{label}_sc", ("stride", i, col_axis))
         off = f"{label}_boff"
         lines = [f"{off} = 0", "rest = lin"]
         for axis in reversed(range(rank)):

@@ -75,11 +75,12 @@ ROW = Form("row")
 @dataclasses.dataclass
 class Operand:
     """A contraction operand read by the kernel: ``node``'s runtime tensor, shaped
-    ``[*batch, rows, cols]``; ``batch`` leading axes are indexed by unravelling the flat batch
+    ``[*batch, rows, cols]`` (or its transpose); ``batch`` leading axes are indexed by unravelling the flat batch
     index of the contraction (row-major)."""
 
     node: fx.Node
     batch_rank: int
+    transposed: bool = False  # the tensor holds [*batch, cols, rows]
 
 
 @dataclasses.dataclass
@@ -143,23 +144,33 @@ def _is(node, *packets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) in packets
 
 
+def _swaps_last_two(node: fx.Node) -> bool:
+    if not _is(node, aten.transpose):
+        return False
+    rank = len(_shape(node))
+    return {node.args[1] % rank, node.args[2] % rank} == {rank - 2, rank - 1}
+
+
 def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Operand:
-    """Follow batch-only regroupings (views, copies, identity expands) back to the earliest
-    tensor whose last two axes are still ``[rows, cols]`` with the same batch size, so the
-    kernel reads the user's tensor with its real strides instead of a copy."""
+    """Follow batch-only regroupings (views, copies, identity expands) and transposes of the
+    last two axes back to the earliest tensor that still holds ``[*batch, rows, cols]`` (or
+    its transpose) with the same batch size, so the kernel reads the user's tensor with its
+    real strides instead of a copy (a GQA key expanded, copied, then transposed)."""
     batch = math.prod(_shape(node)[:-2])
-    current = node
-    while _is(current, *BATCH_REGROUP) and current not in region_nodes:
+    current, transposed = node, False
+    while (_is(current, *BATCH_REGROUP) or _swaps_last_two(current)) and current not in region_nodes:
         src = current.args[0]
         if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
             break
         s = _shape(src)
-        if len(s) < 2 or s[-2:] != (rows, cols) or math.prod(s[:-2]) != batch:
+        swap = _swaps_last_two(current)
+        want = (cols, rows) if swap != transposed else (rows, cols)
+        if len(s) < 2 or s[-2:] != want or math.prod(s[:-2]) != batch:
             break
         if _is(current, aten.expand) and tuple(current.args[1]) != s:
             break
-        current = src
-    return Operand(current, len(_shape(current)) - 2)
+        current, transposed = src, transposed != swap
+    return Operand(current, len(_shape(current)) - 2, transposed)
 
 
 def _frame_of(first: fx.Node, region_nodes: set) -> fx.Node:
