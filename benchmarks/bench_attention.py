@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import math
 import os
 import sys
 
@@ -205,7 +204,7 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                         f.flush()
                         print(f"{row['variant']:<22} S={S:<6} B={B:<3} {system:<15} {ms:9.3f} ms "
                               f"{tflops:7.1f} TFLOP/s {peak:10.1f} MB", flush=True)
-                    del calls, fast, compiled, args, q, k, v
+                    calls.clear()
                     torch.cuda.empty_cache()
 
 

@@ -19,7 +19,7 @@ from typing import Iterable
 import torch
 import torch.fx as fx
 
-from .ops import CONTRACTIONS, REDUCTIONS, OpKind, packet, static_kind
+from .ops import CONTRACTIONS, OpKind, packet, static_kind
 
 aten = torch.ops.aten
 _getitem = operator.getitem

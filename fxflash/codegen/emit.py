@@ -537,7 +537,7 @@ class _Printer:
         lines += ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1"]
         for tile, step in (("lo_t", "+"), ("hi_t - 1", "-")):
             var = tile.split()[0]
-            lines += [f"scanning = lo_t < hi_t", "while scanning:",
+            lines += ["scanning = lo_t < hi_t", "while scanning:",
                       f"    n_lo = ({tile}) * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
             lines += ["    " + line for line in tests]
             lines += [f"    empty = {cond}", f"    {var} = {var} {step} empty.to(tl.int32)",
