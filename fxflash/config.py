@@ -42,6 +42,11 @@ class Config:
 config = Config()
 
 
+def interpreting() -> bool:
+    """Do generated kernels run in Triton's interpreter (TRITON_INTERPRET=1)?"""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _configure_logging() -> None:
     level = os.environ.get("FXFLASH_LOG")
     if level:

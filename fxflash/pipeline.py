@@ -6,12 +6,11 @@ printed alone. A chain that a rule refuses stays in the graph as it was; its rep
 from __future__ import annotations
 
 import logging
-import os
 
 import torch.fx as fx
 
 from .analysis import analyse
-from .config import config
+from .config import config, interpreting
 from .patterns import find_chains
 from .patterns.region import FusionRefused, build_region
 from .report import RegionReport, Report
@@ -33,8 +32,7 @@ def _region_report(analysis, chain, fused, reason, source="", steps=()):
 
 def _check_device(region) -> None:
     device = region.output.meta["val"].device
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    if device.type == "cuda" or interpret:
+    if device.type == "cuda" or interpreting():
         return
     raise FusionRefused(
         "device", region.output,
@@ -45,8 +43,7 @@ def _check_device(region) -> None:
 
 def _autotune(region) -> bool:
     """Autotune tile sizes for real GPU kernels (never in the interpreter)."""
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    return config.autotune and not interpret and region.output.meta["val"].device.type == "cuda"
+    return config.autotune and not interpreting() and region.output.meta["val"].device.type == "cuda"
 
 
 def _copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:

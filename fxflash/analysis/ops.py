@@ -87,6 +87,28 @@ EXTRA_ELEMENTWISE = {
 }
 
 
+# Factory ops that fill a tensor with one constant: packet → how to read it from the args.
+CONSTANT_FILLS = {
+    aten.scalar_tensor: lambda args: args[0],
+    aten.full: lambda args: args[1],
+    aten.ones: lambda args: 1,
+    aten.zeros: lambda args: 0,
+}
+_NO_CONSTANT = object()
+
+
+def constant_value(arg, default=_NO_CONSTANT):
+    """The scalar a Python literal or a constant-filled factory node holds; ``default``
+    (or a ValueError) when it holds none."""
+    if isinstance(arg, (bool, int, float)):
+        return arg
+    if getattr(arg, "op", None) == "call_function" and packet(arg.target) in CONSTANT_FILLS:
+        return CONSTANT_FILLS[packet(arg.target)](arg.args)
+    if default is _NO_CONSTANT:
+        raise ValueError(f"{arg} is not a constant")
+    return default
+
+
 def packet(target):
     """The OpOverloadPacket of an FX target, or the target itself if it has none."""
     return getattr(target, "overloadpacket", target)

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis import OpKind
-from ..analysis.ops import packet
+from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, ONLINE_REDUCTIONS
 from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
@@ -247,9 +247,8 @@ class _Printer:
             if bound is not None:
                 return self.bounded(code, COL in pos, bound)
             return self.place(f"{code}.to({compute_dtype(dtype)})", COL in pos)
-        if p in (aten.scalar_tensor, aten.full, aten.ones, aten.zeros):
-            value = {aten.scalar_tensor: lambda: node.args[0], aten.full: lambda: node.args[1],
-                     aten.ones: lambda: 1, aten.zeros: lambda: 0}[p]()
+        if p in CONSTANT_FILLS:
+            value = constant_value(node)
             if dtype is not None and not dtype.is_floating_point and dtype is not torch.bool:
                 value = int(value)
             elif dtype is not None and dtype.is_floating_point:

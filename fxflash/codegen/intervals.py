@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis import OpKind
-from ..analysis.ops import packet
+from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 
 aten = torch.ops.aten
 
@@ -100,9 +100,8 @@ class IntervalPrinter:
             lo, hi = self.index_range(idx[0] if idx else None)
             a, b = f"({start} + ({lo}) * {step})", f"({start} + ({hi}) * {step})"
             return _int(a, b) if step >= 0 else _int(b, a)
-        if p in (aten.scalar_tensor, aten.full, aten.ones, aten.zeros):
-            value = {aten.scalar_tensor: lambda: node.args[0], aten.full: lambda: node.args[1],
-                     aten.ones: lambda: 1, aten.zeros: lambda: 0}[p]()
+        if p in CONSTANT_FILLS:
+            value = constant_value(node)
             if dtype is torch.bool:
                 return _bool(*(ip_bool(bool(value)),) * 2)
             if dtype.is_floating_point:

@@ -2,20 +2,19 @@
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 
+from ..config import interpreting
 from .emit import KernelPlan, block_dims_of, tile_configs
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def tile_config(plan: KernelPlan, device: torch.device) -> dict:
     """Tile sizes of a kernel that is not autotuned: in the interpreter, 16×16 tiles so that
     small test shapes cross several tiles; otherwise the first autotuning candidate."""
-    if INTERPRET or device.type != "cuda":
+    if interpreting() or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
     bm, bn, warps, stages = tile_configs(plan.d, plan.dv, plan.elem_bytes)[0]
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis import GraphAnalysis, OpKind
-from ..analysis.ops import packet
+from ..analysis.ops import constant_value, packet
 from ..analysis.sketch import dim_name
 from .chains import Chain
 from .sparsity import skippable_masks
@@ -131,10 +131,6 @@ class Region:
         """The running maximum of the region, if any."""
         return self.forms[self.p_node].scale
 
-    @property
-    def frame_batch_rank(self) -> int:
-        return len(self.frame.meta["val"].shape) - 2
-
 
 def _shape(node) -> tuple:
     return tuple(node.meta["val"].shape)
@@ -201,8 +197,7 @@ def _p_in_frame(second: fx.Node, frame_shape: tuple, region_nodes: set) -> tuple
 class _FormInference:
     """Assigns a Form to every node of the score DAG, in graph order (the algebraic rules)."""
 
-    def __init__(self, region_nodes: set, frame: fx.Node, n_size: int):
-        self.region_nodes = region_nodes
+    def __init__(self, frame: fx.Node, n_size: int):
         self.frame = frame
         self.n_size = n_size
         self.forms: dict = {frame: PLAIN}
@@ -309,12 +304,7 @@ class _FormInference:
 
 
 def _is_zero(arg) -> bool:
-    if isinstance(arg, (int, float)):
-        return arg == 0
-    if _is(arg, aten.scalar_tensor, aten.full):
-        value = arg.args[0] if _is(arg, aten.scalar_tensor) else arg.args[1]
-        return value == 0
-    return False
+    return constant_value(arg, None) == 0
 
 
 def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
@@ -340,7 +330,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     frame_shape = _shape(frame)
     p_node, p_walk = _p_in_frame(second, frame_shape, region_nodes)
     tail = chain.nodes[chain.nodes.index(second):]
-    infer = _FormInference(region_nodes, frame, N)
+    infer = _FormInference(frame, N)
     stream = []
     skip = {first, frame, *p_walk, *tail}
     for node in chain.nodes:

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis import OpKind
-from ..analysis.ops import packet
+from ..analysis.ops import constant_value, packet
 
 aten = torch.ops.aten
 
@@ -31,12 +31,8 @@ class TileMask:
 
 
 def _is_neg_inf(arg) -> bool:
-    if isinstance(arg, float):
-        return arg == -math.inf
-    if isinstance(arg, fx.Node) and packet(arg.target) in (aten.scalar_tensor, aten.full):
-        value = arg.args[0] if packet(arg.target) is aten.scalar_tensor else arg.args[1]
-        return isinstance(value, float) and value == -math.inf
-    return False
+    value = constant_value(arg, None)
+    return isinstance(value, float) and value == -math.inf
 
 
 def skippable_masks(region, kinds: dict) -> list[TileMask]:
