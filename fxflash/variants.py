@@ -150,21 +150,76 @@ def _attention(q, k, v):
 
 
 def diff_attention(q, k, v, lambda_full=0.5):
-    """Differential attention (Ye et al., 2024): two softmax maps over the same keys."""
+    """Differential attention as the Diff Transformer's code writes it (Ye et al., 2024):
+    q, k hold ``2H`` heads, v holds ``H`` heads of width ``2D``; one softmax over the ``2H``
+    score maps, viewed as ``H`` pairs, and the pair's second map subtracted with weight λ."""
+    b, h2, m, _ = q.shape
+    attn = torch.softmax(q @ k.transpose(-1, -2) * q.size(-1) ** -0.5, dim=-1)
+    attn = attn.view(b, h2 // 2, 2, m, k.size(-2))
+    attn = attn[:, :, 0] - lambda_full * attn[:, :, 1]
+    return attn @ v
+
+
+def diff_attention_chunked(q, k, v, lambda_full=0.5):
+    """Differential attention written as two attention calls on the halves of the heads."""
     q0, q1 = q.chunk(2, dim=1)
     k0, k1 = k.chunk(2, dim=1)
     return _attention(q0, k0, v) - lambda_full * _attention(q1, k1, v)
 
 
-def evoformer_row(q, k, v, mask_bias, pair_bias, gate):
-    """AlphaFold's gated row attention; q, k, v, gate ``[B, N_seq, S, H, D]``,
-    mask_bias ``[B, N_seq, 1, 1, S]``, pair_bias ``[B, 1, H, S, S]``."""
+INF = 1e9  # AlphaFold's "inf": masked keys get a bias of -1e9
+
+
+def evoformer_row(q, k, v, mask, pair_bias, gate):
+    """AlphaFold's gated row attention (OpenFold's ``Attention`` with a mask bias and a pair
+    bias): q, k, v, gate ``[B, N_seq, S, H, D]``, mask ``[B, N_seq, S]`` (1 = present),
+    pair_bias ``[B, 1, H, S, S]``."""
+    mask_bias = (INF * (mask - 1))[..., :, None, None, :]         # [B, N_seq, 1, 1, S]
     q = q.transpose(-2, -3) / math.sqrt(q.size(-1))
     k, v = k.transpose(-2, -3), v.transpose(-2, -3)
     a = q @ k.transpose(-1, -2) + mask_bias + pair_bias
     a = torch.softmax(a, dim=-1)
     o = (a @ v).transpose(-2, -3)
     return o * torch.sigmoid(gate)
+
+
+def evoformer_col(q, k, v, mask, gate):
+    """AlphaFold's gated column attention: attends along N_seq for each residue, no pair
+    bias. q, k, v, gate ``[B, N_seq, S, H, D]``, mask ``[B, N_seq, S]``."""
+    q, k, v = (t.transpose(-4, -3).transpose(-2, -3) for t in (q, k, v))  # [B, S, H, N_seq, D]
+    mask_bias = (INF * (mask.transpose(-1, -2) - 1))[..., :, None, None, :]  # [B, S, 1, 1, N_seq]
+    a = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + mask_bias
+    a = torch.softmax(a, dim=-1)
+    o = (a @ v).transpose(-2, -3).transpose(-4, -3)              # [B, N_seq, S, H, D]
+    return o * torch.sigmoid(gate)
+
+
+# ---------------------------------------------------------------- other normalizations
+def sigmoid_attention(q, k, v):
+    """Sigmoid attention (Ramapuram et al., 2024): ``sigmoid(QKᵀ/√d + b)·V`` with b = -log N."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) - math.log(k.size(-2))
+    return torch.sigmoid(s) @ v
+
+
+def relu_attention(q, k, v):
+    """ReLU attention (Wortsman et al., 2023): ``relu(QKᵀ/√d) / N · V``."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return (torch.relu(s) / k.size(-2)) @ v
+
+
+def softmax_one(q, k, v):
+    """Quiet softmax, softmax₁(x) = exp(x) / (1 + Σ exp(x)), in its stable form."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    m = s.amax(-1, keepdim=True).clamp(min=0)
+    e = torch.exp(s - m)
+    return (e / (torch.exp(-m) + e.sum(-1, keepdim=True))) @ v
+
+
+def retention_norm(q, k, v):
+    """Retention-style normalization (RetNet): scores divided by ``clamp(Σ|s|, min=1)``."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    s = s / s.abs().sum(-1, keepdim=True).clamp(min=1)
+    return s @ v
 
 
 # ---------------------------------------------------------------- not attention chains
@@ -224,12 +279,19 @@ def _with_bias(s, dtype, device):
 
 
 def _diff(s, dtype, device):
+    q, k, _ = _qkv(s, dtype, device, hq=2 * s.H, hkv=2 * s.H)
+    v = _qkv(dataclasses.replace(s, Dv=2 * s.Dv), dtype, device, hkv=s.H)[2]
+    return q, k, v
+
+
+def _diff_chunked(s, dtype, device):
     return _qkv(s, dtype, device, hq=2 * s.H, hkv=2 * s.H)[:2] + (
         _qkv(s, dtype, device, hkv=s.H)[2],
     )
 
 
 def _evoformer(s, dtype, device):
+    """Evoformer inputs with N_seq = 3 and S = N: q, k, v, mask, pair_bias, gate."""
     g = torch.Generator().manual_seed(4)
 
     def rnd(*shape):
@@ -237,10 +299,16 @@ def _evoformer(s, dtype, device):
 
     n_seq, length = 3, s.N
     q, k, v, gate = (rnd(s.B, n_seq, length, s.H, s.D) for _ in range(4))
-    mask = (torch.rand(s.B, n_seq, 1, 1, length, generator=g) > 0.2).to(dtype=dtype, device=device)
-    mask_bias = 1e9 * (mask - 1)
+    mask = torch.rand(s.B, n_seq, length, generator=g) > 0.2
+    mask[:, 0, :] = mask[:, :, 0] = True  # every row and column sees a key, as in real MSAs
+    mask = mask.to(dtype=dtype, device=device)
     pair_bias = rnd(s.B, 1, s.H, length, length)
-    return q, k, v, mask_bias, pair_bias, gate
+    return q, k, v, mask, pair_bias, gate
+
+
+def _evoformer_col(s, dtype, device):
+    q, k, v, mask, _, gate = _evoformer(s, dtype, device)
+    return q, k, v, mask, gate
 
 
 def _mlp(s, dtype, device):
@@ -288,8 +356,14 @@ VARIANTS = {
         Variant("document_mask", document_mask, _with_doc_ids, square=True),
         Variant("key_padding", key_padding, _with_key_mask),
         Variant("additive_mask", additive_mask, _with_bias),
-        Variant("diff_attention", diff_attention, _diff, chains=2),
+        Variant("diff_attention", diff_attention, _diff),
+        Variant("diff_attention_chunked", diff_attention_chunked, _diff_chunked, chains=2),
         Variant("evoformer_row", evoformer_row, _evoformer, square=True),
+        Variant("evoformer_col", evoformer_col, _evoformer_col, square=True),
+        Variant("sigmoid_attention", sigmoid_attention, _mha),
+        Variant("relu_attention", relu_attention, _mha),
+        Variant("softmax_one", softmax_one, _mha),
+        Variant("retention_norm", retention_norm, _mha),
         Variant("mlp", mlp, _mlp, chains=0),
         Variant("layer_norm", layer_norm, _layer_norm, chains=0),
         Variant("softmax_over_queries", softmax_over_queries, _mha, chains=0),

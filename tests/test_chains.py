@@ -7,6 +7,7 @@ import torch
 from fxflash.variants import VARIANTS, Shape, vanilla
 from helpers import chains_of
 
+REDUCTION_FREE = {"sigmoid_attention", "relu_attention"}  # P·V is the only reduction over N
 SHAPES = {
     "mha": Shape(B=2, H=4, Hkv=4, M=9, N=9, D=8, Dv=8),
     "gqa": Shape(B=2, H=4, Hkv=2, M=9, N=9, D=8, Dv=8),
@@ -22,7 +23,8 @@ def test_chain_count(name, shape):
     chains = chains_of(variant.fn, *args)
     assert len(chains) == variant.chains
     for chain in chains:
-        assert chain.reductions and not chain.escapes
+        assert not chain.escapes
+        assert chain.reductions or name in REDUCTION_FREE
 
 
 def test_listing1_with_mask_and_in_place_scale():
@@ -59,3 +61,11 @@ def test_two_layers_give_two_chains_not_one_across_them():
     chains = chains_of(two_layers, *VARIANTS["vanilla"].inputs(shape))
     assert len(chains) == 2
     assert not set(chains[0].nodes) & set(chains[1].nodes)
+
+
+def test_an_mlp_is_not_an_attention_chain():
+    """``relu(x·W1)·W2`` has the chain's shape but no reduction and no batch: left to Inductor."""
+    (x, w1, w2) = VARIANTS["mlp"].inputs(SHAPES["mha"])
+    assert chains_of(VARIANTS["mlp"].fn, x, w1, w2) == []
+    batched = chains_of(VARIANTS["relu_attention"].fn, *VARIANTS["relu_attention"].inputs(SHAPES["mha"]))
+    assert len(batched) == 1 and not batched[0].reductions

@@ -115,32 +115,44 @@ def _atom_sizes(table: DimensionTable, axis: Axis) -> list:
     return [table.atom_size[a] for a in axis]
 
 
+def _group_atoms(table: DimensionTable, atoms: list, sizes: list) -> tuple[list, int]:
+    """Greedily give each size in ``sizes`` the next atoms whose product is that size; stops
+    at the first size that would split an atom. Returns (groups, atoms consumed)."""
+    groups, i = [], 0
+    for size in sizes:
+        if size == 1:
+            groups.append((table.new_atom(1),))
+            continue
+        group, prod, j = [], 1, i
+        while j < len(atoms) and not _same_size(prod, size):
+            group.append(atoms[j])
+            prod = prod * table.atom_size[atoms[j]]
+            j += 1
+        if not _same_size(prod, size):
+            break
+        groups.append(tuple(group))
+        i = j
+    return groups, i
+
+
 def _reshape_axes(table: DimensionTable, src: list[Axis], src_shape, out_shape) -> list[Axis]:
     """Axes of ``reshape(src, out_shape)``: regroup the source atoms by size products.
 
     Atoms of size one are dropped; an output axis takes the next atoms whose product is its
-    size. If an atom would have to be split, the remaining output axes get fresh atoms.
+    size, from the front and then from the back. Axes between, where an atom would have to be
+    split (``view(B, 2H, M, N) → (B, H, 2, M, N)``), get fresh atoms; those around keep theirs.
     """
     atoms = [a for ax in src for a in ax if table.atom_size[a] != 1]
     if any(table.atom_size[a] is None for a in atoms) or any(_int(s) is None for s in out_shape):
         return table.fresh_axes(out_shape)
-    out: list[Axis] = []
-    i = 0
-    for pos, size in enumerate(out_shape):
-        size = _int(size)
-        if size == 1:
-            out.append((table.new_atom(1),))
-            continue
-        group: list[int] = []
-        prod = 1
-        while i < len(atoms) and not _same_size(prod, size):
-            group.append(atoms[i])
-            prod = prod * table.atom_size[atoms[i]]
-            i += 1
-        if not _same_size(prod, size):
-            return out + table.fresh_axes(out_shape[pos:])
-        out.append(tuple(group))
-    return out
+    sizes = [_int(s) for s in out_shape]
+    front, used = _group_atoms(table, atoms, sizes)
+    if len(front) == len(sizes):
+        return front
+    back, _ = _group_atoms(table, atoms[used:][::-1], sizes[len(front):][::-1])
+    back = [tuple(reversed(g)) for g in reversed(back)]
+    middle = out_shape[len(front):len(sizes) - len(back)]
+    return front + table.fresh_axes(middle) + back
 
 
 def _broadcast_axes(table: DimensionTable, node: fx.Node, out_shape) -> list[Axis]:

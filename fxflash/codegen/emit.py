@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
-from ..patterns.region import Region
+from ..patterns.region import ROW as ROW_FORM, Region
 from ..patterns.rules import HOMOMORPHISMS, ONLINE_REDUCTIONS
 from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
 
@@ -379,6 +379,7 @@ class _Printer:
     def build(self, kinds: dict, out_dtype: torch.dtype, configs: list | None) -> KernelPlan:
         self.kinds = kinds
         r = self.r
+        self.order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
         fb = len(self.frame_shape) - 2
         for i in range(fb):
             self.param(f"FB{i}", ("frame", i))
@@ -413,11 +414,13 @@ class _Printer:
             f"s = tl.dot(q, k{precision})",
         ]
         self.vars[r.frame] = Value("s", True)
-        # accumulator state
+        # accumulator state: one online value per reduction, one P·V accumulator per term of P
         for red in r.reductions:
             combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
             self.pre.append(f"acc_{red.node.name} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
-        self.pre.append("acc = tl.zeros([BLOCK_M, DVP], tl.float32)")
+        terms = r.terms
+        for t in range(len(terms)):
+            self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, DVP], tl.float32)")
         reductions = {red.node: red for red in r.reductions}
         for node in r.stream:
             if node in reductions:
@@ -426,19 +429,18 @@ class _Printer:
                 continue  # absorbed into a homomorphism
             else:
                 self.stream_node(node)
-        p = self.vars[r.p_node]
-        p_form = r.forms.get(r.p_node)
         v_elem = "v_ptr.dtype.element_ty"
         self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
-        # the running accumulator is the dot's own accumulator: rescaled, then accumulated into
-        p_tile = f"tl.where(col_ok, {p.code}, 0.0).to({v_elem})"
-        if p_form is not None and p_form.scale is not None:
-            self.loop.append(f"acc = acc * alpha_{p_form.scale.name}")
-        self.loop.append(f"acc = tl.dot({p_tile}, v, acc{_dot_precision(r.v.node.meta['val'].dtype)})")
+        # each running accumulator is its dot's own accumulator: rescaled, then accumulated into
+        for t, (_, node, form) in enumerate(terms):
+            p_tile = f"tl.where(col_ok, {self.vars[node].code}, 0.0).to({v_elem})"
+            if form.scale is not None:
+                self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}")
+            self.loop.append(f"acc{t} = tl.dot({p_tile}, v, acc{t}{_dot_precision(r.v.node.meta['val'].dtype)})")
         for red in r.reductions:
             if red.combine in ("max", "min"):
                 self.loop.append(f"acc_{red.node.name} = new_{red.node.name}")
-        self.epilogue(p_form, out_dtype)
+        self.epilogue(terms, out_dtype)
         return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
                           autotuned=bool(configs), index_bound=self.index_bound,
                           elem_bytes=r.q.node.meta["val"].element_size())
@@ -448,19 +450,16 @@ class _Printer:
         form = r.forms.get(node)
         idx = self.node_idx(node)
         p = packet(node.target)
-        if form is not None and form.kind == "scaled" and p in HOMOMORPHISMS and form.scale is not None \
-                and _is_shift(node.args[0], form.scale):
-            x = self.vars[node.args[0].args[0]]
-            hom = HOMOMORPHISMS[p]
-            code = hom.apply.format(x=x.code, m=f"mu_{form.scale.name}")
+        shift = node.args[0] if node.args else None
+        if p in HOMOMORPHISMS and form is not None and form.scale is not None and r.forms.get(shift) == ROW_FORM:
+            # E(x - r) printed as E(x - m) against the running maximum m (rules.HOMOMORPHISMS)
+            x = self.vars[shift.args[0]]
+            code = HOMOMORPHISMS[p].apply.format(x=x.code, m=f"mu_{form.scale.name}")
             self.vars[node] = self.place(code, True, "e")
             return
-        if form is not None and form.kind == "deferred":
-            _, _, pos = form.factors[-1]
-            source = node.args[pos]
-            if len(r.forms.get(source, form).factors) < len(form.factors):
-                self.vars[node] = self.vars[source]  # the row factor is applied after the loop
-                return
+        if node in r.passthrough:
+            self.vars[node] = self.vars[r.passthrough[node]]  # its row factor is applied after the loop
+            return
         if p in (aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.contiguous) and node.args[0] in self.vars:
             self.vars[node] = self.vars[node.args[0]]
             return
@@ -496,34 +495,47 @@ class _Printer:
                     return HOMOMORPHISMS[packet(e.target)]
         return HOMOMORPHISMS[aten.exp]
 
-    def epilogue(self, p_form, out_dtype) -> None:
+    def epilogue(self, terms: list, out_dtype) -> None:
+        """After the loop: finish the row values (reductions with their deferred factors, then
+        the row ops, in graph order), apply each term's factors and store ``Σ ± acc_t``."""
         r = self.r
-        # final row values: reductions become their accumulators
-        for red in r.reductions:
-            self.vars[red.node] = Value(f"acc_{red.node.name}", False)
-        nan_rows = {red.node for red in r.reductions if red.combine == "max"}
-        for m in nan_rows:
-            # eager computes exp(-inf - (-inf)) = nan for a row whose every score is -inf
-            self.post.append(f"nanrow_{m.name} = acc_{m.name} == float('-inf')")
-        for red in r.reductions:
-            if red.scale is not None:
-                self.post.append(f"acc_{red.node.name} = tl.where(nanrow_{red.scale.name}, float('nan'), acc_{red.node.name})")
-        if p_form is not None and p_form.scale is not None:
-            self.post.append(f"acc = tl.where(nanrow_{p_form.scale.name}, float('nan'), acc)")
         self.in_epilogue = True
-        for node in r.epilogue:
-            idx = self.node_idx(node)
-            args = [self.arg(a, idx) for a in node.args]
-            self.vars[node] = self.apply(node, args)
-        out = "acc"
-        for op, row, pos in (p_form.factors if p_form is not None else ()):
-            factor = self.vars[row].code if row in self.vars else self.arg(row, self.node_idx(row)).code
-            out = f"({out} * {factor})" if op is aten.mul else f"({out} / {factor})"
-        self.post.append(f"out = {out}")
+        maxima = [red.node for red in r.reductions if red.combine == "max"]
+        for m in maxima:
+            # eager computes exp(-inf - (-inf)) = nan for a row whose every score is -inf; the
+            # shift factor E(m - r) sees the same m as the loop (-inf held as 0)
+            self.post.append(f"nanrow_{m.name} = acc_{m.name} == float('-inf')")
+            self.post.append(f"mu_{m.name} = tl.where(nanrow_{m.name}, 0.0, acc_{m.name})")
+        reductions = {red.node: red for red in r.reductions}
+        for node in sorted([*reductions, *r.epilogue], key=self.order.__getitem__):
+            if node in reductions:
+                red = reductions[node]
+                value = self.finish(f"acc_{node.name}", red.scale, red.factors)
+                self.vars[node] = self.place(value, False, "row")
+            else:
+                idx = self.node_idx(node)
+                self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
+        parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors)}"
+                 for t, (sign, _, form) in enumerate(terms)]
+        self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
         self.post.append(
             f"tl.store(out_ptr + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
+
+    def finish(self, acc: str, scale, factors) -> str:
+        """An accumulated value with its row factors applied. A value computed against the
+        running maximum with no shift factor of its own is NaN where that maximum is -inf."""
+        out = acc
+        if scale is not None and not any(f.op == "shift" for f in factors):
+            out = f"tl.where(nanrow_{scale.name}, float('nan'), {out})"
+        for f in factors:
+            row = self.vars[f.row].code if f.row in self.vars else self.arg(f.row, self.node_idx(f.row)).code
+            if f.op == "shift":
+                out = f"({out} * {f.hom.rescale.format(old=f'mu_{f.max.name}', new=row)})"
+            else:
+                out = f"({out} {'*' if f.op == 'mul' else '/'} {row})"
+        return out
 
     def tile_range(self) -> list[str]:
         """Lines that set ``[lo_t, hi_t)``, the key tiles this row tile must visit: leading
@@ -608,10 +620,6 @@ def _literal_bound(value) -> tuple | None:
     if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= NARROW_LITERAL_LIMIT:
         return None
     return (0, abs(value))
-
-
-def _is_shift(node, scale) -> bool:
-    return isinstance(node, fx.Node) and packet(node.target) is aten.sub and node.args[1] is scale
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

@@ -3,8 +3,9 @@
 A *chain* is the candidate of one fused region. With ``C1 = A·Bᵀ`` producing ``S[…, M, N]``,
 it is every node on a path from ``C1`` to a contraction ``C2`` that contracts the axis ``N``
 (``O = P·V``), where the nodes between them are elementwise, layout, index-expression or
-reduction ops, and at least one reduction reduces over ``N`` (the softmax's ``amax``/``sum``)
-and none reduces any other axis. The set ``descendants(C1) ∩ ancestors(C2)`` is convex by
+reduction ops, and every reduction reduces over ``N`` (the softmax's ``amax``/``sum``) and
+no other axis. A chain with no reduction at all (sigmoid or ReLU attention) is taken only
+between batched contractions (``bmm``): a plain ``mm → relu → mm`` is an MLP, left to Inductor. The set ``descendants(C1) ∩ ancestors(C2)`` is convex by
 construction (a path that leaves it and comes back would lie inside it); the check is kept
 for the trailing layout ops that are added to the region's end.
 """
@@ -91,7 +92,9 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
     if any(analysis.kinds[n] not in INNER_KINDS for n in between):
         return None
     reductions = [n for n in between if analysis.kinds[n] is OpKind.REDUCTION]
-    if not reductions or not all(_reduces_only(analysis, r, demoted) for r in reductions):
+    if not all(_reduces_only(analysis, r, demoted) for r in reductions):
+        return None
+    if not reductions and not all(packet(c.target) is aten.bmm for c in (first, second)):
         return None
     nodes = between | {first, second}
     last = second

@@ -54,18 +54,40 @@ class FusionRefused(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Factor:
+    """A row factor applied after the loop: ``x·r`` ("mul"), ``x / r`` ("div"), or the
+    homomorphism's shift ``E(m - r)`` ("shift") that turns ``E(x - m)``, computed against the
+    running maximum ``m`` of ``x``, into the user's ``E(x - r)``."""
+
+    op: str
+    row: fx.Node
+    hom: object = None          # "shift": the Homomorphism
+    max: fx.Node | None = None  # "shift": the online maximum m
+
+
+@dataclasses.dataclass(frozen=True)
 class Form:
     """How a value between the two contractions is computed in the tile program.
 
-    kind:     "plain" | "scaled" | "deferred" | "row".
-    scale:    for scaled / deferred-of-scaled values, the max reduction whose running value
-              they are computed against.
-    factors:  for deferred values, ((op packet, row node, position of the tile value), …).
+    kind:     "plain" (computable from the current tile) | "row" (a function of finished
+              reductions) | "scaled" (``E(x - m)`` against the running maximum ``m``, times
+              values linear in it) | "deferred" (a tile value times row Factors known only
+              after the loop) | "sum" (a signed sum of such values that need accumulators of
+              their own).
+    scale:    for scaled / deferred values, the max reduction whose running value they are
+              computed against (None: no rescale).
+    factors:  for deferred values, the Factors applied after the loop, in order.
+    terms:    for sums, ((sign, node), …) with each node of form plain/scaled/deferred.
     """
 
     kind: str
     scale: fx.Node | None = None
     factors: tuple = ()
+    terms: tuple = ()
+
+    @property
+    def is_term(self) -> bool:
+        return self.kind in ("scaled", "deferred")
 
 
 PLAIN = Form("plain")
@@ -89,6 +111,7 @@ class OnlineReduction:
     combine: str          # "max" | "min" | "sum"
     source: fx.Node
     scale: fx.Node | None  # the max reduction whose rescale it carries (sum of scaled values)
+    factors: tuple = ()    # row Factors of the summed value, applied to the finished sum
 
 
 @dataclasses.dataclass
@@ -124,12 +147,16 @@ class Region:
     N: int
     D: int
     Dv: int
+    passthrough: dict = dataclasses.field(default_factory=dict)
     tile_masks: list = dataclasses.field(default_factory=list)
 
     @property
-    def scale(self) -> fx.Node | None:
-        """The running maximum of the region, if any."""
-        return self.forms[self.p_node].scale
+    def terms(self) -> list:
+        """The accumulators of ``P·V``: ``[(sign, tile node, form)]``, one per term of P."""
+        form = self.forms.get(self.p_node, PLAIN)
+        if form.kind == "sum":
+            return [(sign, node, self.forms.get(node, PLAIN)) for sign, node in form.terms]
+        return [(1, self.p_node, form)]
 
 
 def _shape(node) -> tuple:
@@ -204,6 +231,7 @@ class _FormInference:
         self.reductions: list = []
         self.steps: list = []
         self.absorbed: set = set()
+        self.passthrough: dict = {}  # node → the argument whose tile value it is (row factor deferred)
 
     def form(self, arg) -> Form:
         if isinstance(arg, fx.Node) and arg in self.forms:
@@ -216,29 +244,32 @@ class _FormInference:
         p = packet(node.target)
         if p in ONLINE_REDUCTIONS:
             return self._reduction(node, forms[0])
-        if self._is_shifted_by_max(node) and all(packet(u.target) in HOMOMORPHISMS for u in node.users):
+        if self._is_row_shift(node) and all(packet(u.target) in HOMOMORPHISMS for u in node.users):
             self.absorbed.add(node)
-            return ROW  # x - m, printed inside its homomorphism E(x - m)
-        if p in HOMOMORPHISMS and self._is_shifted_by_max(args[0]):
+            return ROW  # x - r, printed inside its homomorphism E(x - r)
+        if p in HOMOMORPHISMS and self._is_row_shift(args[0]):
             return self._homomorphism(node, args[0])
         kinds = {f.kind for f in forms}
+        varying = [i for i, (a, f) in enumerate(zip(args, forms)) if f.kind == "plain" and self._varies_along_n(a)]
         if kinds <= {"plain"}:
             return PLAIN
-        if kinds <= {"plain", "row"} and not any(
-            self._varies_along_n(a) for a, f in zip(args, forms) if f.kind == "plain" and isinstance(a, fx.Node)
-        ):
+        if kinds <= {"plain", "row"} and not varying:
             return ROW
-        moving = [i for i, f in enumerate(forms) if f.kind in ("scaled", "deferred")]
-        if len(moving) == 1:
+        moving = [i for i, f in enumerate(forms) if f.is_term or f.kind == "sum"]
+        if p in LINEAR_COMBINE and len(args) == 2 and node.kwargs.get("alpha", 1) == 1 \
+                and sorted(moving + varying) == [0, 1]:
+            return self._combine(node, p, args, forms)
+        if not moving and len(varying) == 1:
+            moving = varying  # a tile value that meets a row value
+        if len(moving) == 1 and forms[moving[0]].kind != "sum":
             return self._through(node, p, args, forms, moving[0])
-        if p in LINEAR_COMBINE and len(moving) == 2 and all(forms[i].kind == "scaled" for i in moving):
-            if forms[0].scale is forms[1].scale:
-                return forms[0]
         raise FusionRefused("algebraic transformation", node, "this op combines a value of an unfinished reduction "
                             "in a way no rule makes online (not linear, no homomorphism)")
 
     # -- rules --------------------------------------------------------------------------
-    def _varies_along_n(self, node: fx.Node) -> bool:
+    def _varies_along_n(self, node) -> bool:
+        if not isinstance(node, fx.Node):
+            return False
         shape = _shape(node) if isinstance(node.meta.get("val"), torch.Tensor) else ()
         return self.n_size != 1 and len(shape) >= 1 and shape[-1] == self.n_size
 
@@ -255,33 +286,64 @@ class _FormInference:
             self.reductions.append(OnlineReduction(node, combine, node.args[0], None))
             self.steps.append(f"online {combine}: {node.name} accumulates over the demoted axis")
             return ROW
-        if src.kind == "scaled" and combine == "sum":
-            self.reductions.append(OnlineReduction(node, combine, node.args[0], src.scale))
-            self.steps.append(f"algebraic: {node.name} = Σ {node.args[0].name} rescaled when {src.scale.name} grows")
+        if src.is_term and combine == "sum":
+            self.reductions.append(OnlineReduction(node, combine, node.args[0], src.scale, src.factors))
+            rescale = f" rescaled when {src.scale.name} grows" if src.scale is not None else ""
+            deferred = ", its row factors applied to the finished sum" if src.factors else ""
+            self.steps.append(f"algebraic: {node.name} = Σ {node.args[0].name}{rescale}{deferred}")
             return ROW
         raise FusionRefused("online reduction", node, f"a {combine} over a value of form {src.kind} has no online form")
 
-    def _is_shifted_by_max(self, arg) -> bool:
-        return (_is(arg, aten.sub) and isinstance(arg.args[1], fx.Node) and _is(arg.args[1], aten.amax)
-                and arg.args[1] in self.forms)
+    def _is_row_shift(self, arg) -> bool:
+        """``x - r``: a tile value minus a row value (a finished reduction or a function of one)."""
+        return (_is(arg, aten.sub) and isinstance(arg.args[1], fx.Node) and self.form(arg.args[1]).kind == "row"
+                and self.form(arg.args[0]).kind == "plain" and self._varies_along_n(arg.args[0])
+                and arg.kwargs.get("alpha", 1) == 1)
+
+    def _online_max_of(self, x: fx.Node) -> fx.Node | None:
+        return next((r.node for r in self.reductions if r.combine == "max" and r.source is x), None)
 
     def _homomorphism(self, node: fx.Node, shifted: fx.Node) -> Form:
-        x, m = shifted.args[0], shifted.args[1]
-        if self.form(x).kind != "plain" or m.args[0] is not x:
-            raise FusionRefused("algebraic transformation", node, "exp(x - max(y)) is made online only for y = x")
-        running = [r.node for r in self.reductions if r.node is m]
-        if not running:
-            raise FusionRefused("algebraic transformation", m, "the maximum is not an online reduction of the region")
+        """``E(x - r)``: computed as ``E(x - m)`` against the running maximum ``m`` of ``x`` and
+        rescaled when it grows; when ``r`` is not ``m`` itself, the row factor ``E(m - r)``
+        (``E(x - r) = E(x - m)·E(m - r)``) is deferred to the epilogue."""
+        x, r = shifted.args[0], shifted.args[1]
+        m = self._online_max_of(x)
+        if m is None:
+            raise FusionRefused("algebraic transformation", node,
+                                f"E(x - r) is made online against the row maximum of x; {x.name} has no amax in the region")
         hom = HOMOMORPHISMS[packet(node.target)]
         self.steps.append(
-            f"algebraic: {node.name} = {hom.name}({x.name} - {m.name}) via the homomorphism {hom.name}: (+) → (×); "
-            f"rescaled by {hom.rescale.format(old='m_old', new='m_new')}"
+            f"algebraic: {node.name} = {hom.name}({x.name} - {r.name}) via the homomorphism {hom.name}: (+) → (×); "
+            f"computed against the running {m.name}, rescaled by {hom.rescale.format(old='m_old', new='m_new')}"
         )
-        return Form("scaled", scale=m)
+        if r is m:
+            return Form("scaled", scale=m)
+        self.steps.append(f"distributivity: the row factor {hom.rescale.format(old=m.name, new=r.name)} is deferred "
+                          "past the consumer contraction")
+        return Form("deferred", scale=m, factors=(Factor("shift", r, hom, m),))
+
+    def _terms(self, arg, sign: int) -> tuple:
+        form = self.form(arg)
+        if form.kind == "sum":
+            return tuple((sign * s, n) for s, n in form.terms)
+        return ((sign, arg),)
+
+    def _combine(self, node, p, args, forms) -> Form:
+        """``a ± b`` of two tile values: one accumulator when both carry the same rescale and
+        row factors (linearity), otherwise a sum whose terms keep accumulators of their own."""
+        a, b = forms
+        if a.kind != "sum" and (a.kind, a.scale, a.factors) == (b.kind, b.scale, b.factors):
+            return a
+        terms = self._terms(args[0], 1) + self._terms(args[1], -1 if p is aten.sub else 1)
+        self.steps.append(f"linearity: {node.name} = " + " ".join(
+            f"{'+' if s > 0 else '-'} {n.name}" for s, n in terms) + "; each term accumulates P·V on its own")
+        return Form("sum", terms=terms)
 
     def _through(self, node, p, args, forms, i) -> Form:
         moving = forms[i]
         others = [f for j, f in enumerate(forms) if j != i]
+        others_vary = any(self._varies_along_n(a) for j, a in enumerate(args) if j != i and forms[j].kind == "plain")
         if all(f.kind == "plain" for f in others):
             if p in LINEAR_IN and i in LINEAR_IN[p]:
                 if p is aten._to_copy and node.kwargs.get("dtype", torch.float32) not in FLOAT_DTYPES:
@@ -291,14 +353,15 @@ class _FormInference:
                 return moving
             if _is(node, aten.expand, aten.clone, aten.view, aten._unsafe_view) and _shape(node) == _shape(args[0]):
                 return moving
-        if p in DEFERRABLE and i in DEFERRABLE[p] and all(f.kind in ("row", "plain") for f in others):
-            row_args = [(j, a) for j, (a, f) in enumerate(zip(args, forms)) if j != i and f.kind == "row"]
-            if len(row_args) == 1 and not any(isinstance(a, fx.Node) and self._varies_along_n(a)
-                                              for j, a in enumerate(args) if j != i and forms[j].kind == "plain"):
-                j, r = row_args[0]
-                self.steps.append(f"distributivity: {node.name} = {node.target.__name__.split('.')[0]} by row value "
-                                  f"{r.name}, deferred past the consumer contraction")
-                return Form("deferred", scale=moving.scale, factors=moving.factors + ((p, r, i),))
+        if p in DEFERRABLE and i in DEFERRABLE[p] and all(f.kind in ("row", "plain") for f in others) and not others_vary:
+            row_args = [a for j, (a, f) in enumerate(zip(args, forms)) if j != i and f.kind == "row"]
+            if len(row_args) == 1:
+                (r,) = row_args
+                op = "div" if p is aten.div else "mul"
+                self.passthrough[node] = args[i]
+                self.steps.append(f"distributivity: {node.name} = {op} by row value {r.name}, deferred past the "
+                                  "consumer contraction")
+                return Form("deferred", scale=moving.scale, factors=moving.factors + (Factor(op, r),))
         raise FusionRefused("algebraic transformation", node, f"op is not linear in the {moving.kind} value "
                             f"{args[i].name if isinstance(args[i], fx.Node) else args[i]}")
 
@@ -348,9 +411,6 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     p_form = infer.forms.get(p_node, PLAIN)
     if p_form.kind == "row":
         raise FusionRefused("dimension demotion", p_node, "the consumer's operand does not vary along the demoted axis")
-    scales = {r.scale for r in infer.reductions if r.scale is not None} | ({p_form.scale} if p_form.scale is not None else set())
-    if len(scales) > 1:
-        raise FusionRefused("algebraic transformation", p_node, "values rescaled by two different running maxima")
     epilogue = [n for n in stream if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
                 and n not in infer.absorbed]
     stream_nodes = [n for n in stream if n not in epilogue]
@@ -367,7 +427,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     region = Region(
         chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, stream=stream_nodes,
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
-        nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv,
+        nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv, passthrough=infer.passthrough,
     )
     from ..config import config
 

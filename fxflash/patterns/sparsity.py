@@ -37,10 +37,11 @@ def _is_neg_inf(arg) -> bool:
 
 def skippable_masks(region, kinds: dict) -> list[TileMask]:
     """The masks that make a key tile skippable, or [] when skipping is not provable."""
-    scale = region.scale
-    if scale is None or any(r.node is not scale and r.scale is not scale for r in region.reductions):
+    scales = {form.scale for _, _, form in region.terms}
+    if len(scales) != 1 or None in scales:
         return []
-    if region.forms[region.p_node].scale is not scale:
+    (scale,) = scales
+    if any(r.node is not scale and r.scale is not scale for r in region.reductions):
         return []
     masks = []
     node = scale.args[0]
