@@ -5,7 +5,9 @@ it is every node on a path from ``C1`` to a contraction ``C2`` that contracts th
 (``O = P·V``), where the nodes between them are elementwise, layout, index-expression or
 reduction ops, and every reduction reduces over ``N`` (the softmax's ``amax``/``sum``) and
 no other axis. A chain with no reduction at all (sigmoid or ReLU attention) is taken only
-between batched contractions (``bmm``): a plain ``mm → relu → mm`` is an MLP, left to Inductor. The set ``descendants(C1) ∩ ancestors(C2)`` is convex by
+between batched contractions (``bmm``) with an elementwise op between them: a plain
+``mm → relu → mm`` is an MLP and ``(A·B)·C`` a matmul chain, both left to Inductor. Chains
+never share nodes: a later one that overlaps an earlier one is dropped. The set ``descendants(C1) ∩ ancestors(C2)`` is convex by
 construction (a path that leaves it and comes back would lie inside it); the check is kept
 for the trailing layout ops that are added to the region's end.
 """
@@ -94,7 +96,8 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
     reductions = [n for n in between if analysis.kinds[n] is OpKind.REDUCTION]
     if not all(_reduces_only(analysis, r, demoted) for r in reductions):
         return None
-    if not reductions and not all(packet(c.target) is aten.bmm for c in (first, second)):
+    if not reductions and (not all(packet(c.target) is aten.bmm for c in (first, second))
+                           or not any(analysis.kinds[n] is OpKind.ELEMENTWISE for n in between)):
         return None
     nodes = between | {first, second}
     last = second
@@ -123,7 +126,7 @@ def find_chains(analysis: GraphAnalysis) -> list[Chain]:
         later = nx.descendants(analysis.dataflow, first)
         for second in (c for c in contractions if c in later):
             chain = _chain_between(analysis, first, second, order)
-            if chain is not None:
+            if chain is not None and not any(set(chain.nodes) & set(c.nodes) for c in chains):
                 chains.append(chain)
                 break
     return chains
