@@ -70,7 +70,7 @@ def test_backend_works_without_importing_fxflash():
 
 
 def test_explain_report():
-    variant = VARIANTS["diff_attention"]
+    variant = VARIANTS["diff_attention_chunked"]
     report = fxflash.explain(variant.fn, *variant.inputs(SHAPE))
     assert len(report.regions) == 2
     text = str(report)

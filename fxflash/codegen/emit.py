@@ -115,11 +115,55 @@ class _Printer:
         self.skips_tiles = False
         self.inline_memo: dict = {}
         self.kinds: dict = {}
-        self.frame_shape = tuple(region.frame.meta["val"].shape)
+        self.frame_shape = region.out_frame_shape  # the grid's frame: [*batch, M, N] of P
         fb = len(self.frame_shape) - 2
         self.frame_idx = tuple(f"fb{i}" for i in range(fb)) + (ROW, COL)
         for i in range(fb):
             self.idx_bound[f"fb{i}"] = (1, 0)
+        # streams: None alone, or 0..S-1 (values of the score frame are printed once per stream;
+        # values in the output frame belong to None)
+        split = region.split
+        self.streams = [None] if split is None else list(range(split.count))
+        self.vars_of = {s: {} for s in {None, *self.streams}}
+        self.vars = self.vars_of[None]
+        self.stream = None
+
+    def sfx(self, stream=None) -> str:
+        """Suffix of the names of one stream's values (none without streams)."""
+        stream = self.stream if stream is None else stream
+        return "" if stream is None else f"_{stream}"
+
+    def enter_stream(self, stream) -> None:
+        self.stream = stream
+        self.vars = self.vars_of[stream]
+        if stream is None or self.r.split is None:
+            self.frame_idx = tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2)) + (ROW, COL)
+            return
+        split = self.r.split
+        j, n = split.axis, split.count
+        name = f"sb{j}_{stream}"
+        if name not in self.idx_bound:
+            code = f"fb{j} * {n} + {stream}" if split.inner else f"{stream} * FB{j} + fb{j}"
+            self.pre.append(f"{name} = {code}")
+            self.idx_bound[name] = (n, n)
+        idx = list(tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2)) + (ROW, COL))
+        idx[j] = name
+        self.frame_idx = tuple(idx)
+
+    def stream_lin(self, stream) -> str:
+        """The flat batch index of the score frame for ``stream`` (the contraction's batch)."""
+        split = self.r.split
+        if stream is None or split is None:
+            return "lin"
+        fb = len(self.frame_shape) - 2
+        axes = [(f"fb{i}", f"FB{i}") for i in range(fb)]
+        axes.insert(split.axis + 1 if split.inner else split.axis, (str(stream), str(split.count)))
+        code = axes[0][0]
+        for index, size in axes[1:]:
+            code = f"({code}) * {size} + {index}"
+        name = f"lin_{stream}"
+        self.pre.append(f"{name} = {code}")
+        return name
 
     # -- parameters -------------------------------------------------------------------
     def tmp(self, prefix="t") -> str:
@@ -137,7 +181,9 @@ class _Printer:
         return self.inputs.index(node)
 
     # -- operands ---------------------------------------------------------------------
-    def operand(self, label: str, operand, rows: str, cols: str, row_mask, col_mask) -> tuple[str, str]:
+    def operand(self, label: str, operand, rows: str, cols: str, row_mask, col_mask,
+                lins=("lin",)) -> tuple[list, str]:
+        """Pointers to a tile of ``operand`` for each flat batch index in ``lins``, and the mask."""
         i = self.tensor_input(operand.node)
         ptr = self.param(f"{label}_ptr", ("ptr", i))
         rank = operand.batch_rank
@@ -147,13 +193,16 @@ class _Printer:
         row_axis, col_axis = (rank + 1, rank) if operand.transposed else (rank, rank + 1)
         sr = self.param(f"{label}_sr", ("stride", i, row_axis))
         sc = self.param(f"{label}_sc", ("stride", i, col_axis))
-        off = f"{label}_boff"
-        lines = [f"{off} = 0", "rest = lin"]
-        for axis in reversed(range(rank)):
-            lines.append(f"{off} += (rest % {label}_nb{axis}).to(tl.int64) * {label}_sb{axis}")
-            lines.append(f"rest = rest // {label}_nb{axis}")
-        self.pre.extend(lines)
-        return f"{ptr} + {off} + {rows} * {sr} + {cols} * {sc}", " & ".join(f"({m})" for m in (row_mask, col_mask) if m)
+        ptrs = []
+        for n, lin in enumerate(lins):
+            off = f"{label}_boff" + (f"_{n}" if len(lins) > 1 else "")
+            lines = [f"{off} = 0", f"rest = {lin}"]
+            for axis in reversed(range(rank)):
+                lines.append(f"{off} += (rest % {label}_nb{axis}).to(tl.int64) * {label}_sb{axis}")
+                lines.append(f"rest = rest // {label}_nb{axis}")
+            self.pre.extend(lines)
+            ptrs.append(f"{ptr} + {off} + {rows} * {sr} + {cols} * {sc}")
+        return ptrs, " & ".join(f"({m})" for m in (row_mask, col_mask) if m)
 
     # -- values of the score DAG -------------------------------------------------------
     def idx_of(self, node, idx: tuple) -> tuple:
@@ -404,46 +453,66 @@ class _Printer:
         d_row = "offs_d[None, :] < D" if r.D != _pow2(r.D) else None
         d_col = "offs_d[:, None] < D" if r.D != _pow2(r.D) else None
         dv_row = "offs_dv[None, :] < DV" if r.Dv != _pow2(r.Dv) else None
-        q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row)
-        k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok")
-        v_ptrs, v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "row_ok", dv_row)
-        self.pre.append(f"q = tl.load({q_ptrs}, mask={q_mask}, other=0.0)")
+        lins = [self.stream_lin(st) for st in self.streams]
+        q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row, lins)
+        k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok", lins)
+        (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "row_ok", dv_row)
         precision = _dot_precision(r.q.node.meta["val"].dtype)
-        self.loop += [
-            f"k = tl.load({k_ptrs}, mask={k_mask}, other=0.0)",
-            f"s = tl.dot(q, k{precision})",
-        ]
-        self.vars[r.frame] = Value("s", True)
-        # accumulator state: one online value per reduction, one P·V accumulator per term of P
-        for red in r.reductions:
-            combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
-            self.pre.append(f"acc_{red.node.name} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
-        terms = r.terms
-        for t in range(len(terms)):
-            self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, DVP], tl.float32)")
         reductions = {red.node: red for red in r.reductions}
-        for node in r.stream:
-            if node in reductions:
-                self.reduce(reductions[node])
-            elif node in r.forms and r.forms[node].kind == "row":
-                continue  # absorbed into a homomorphism
-            else:
-                self.stream_node(node)
+        for st, q_ptr, k_ptr in zip(self.streams, q_ptrs, k_ptrs):
+            self.enter_stream(st)
+            x = self.sfx()
+            self.pre.append(f"q{x} = tl.load({q_ptr}, mask={q_mask}, other=0.0)")
+            self.loop += [
+                f"k{x} = tl.load({k_ptr}, mask={k_mask}, other=0.0)",
+                f"s{x} = tl.dot(q{x}, k{x}{precision})",
+            ]
+            self.vars[r.frame] = Value(f"s{x}", True)
+            # accumulator state: one online value per reduction and stream
+            for red in r.reductions:
+                combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
+                self.pre.append(f"acc_{red.node.name}{x} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
+            for node in r.dag:
+                if node not in r.combined:
+                    self.dag_node(node, reductions)
+        self.enter_stream(None)
+        for node in r.dag:
+            if node in r.combined:
+                self.dag_node(node, reductions)
+        # one P·V accumulator per term of P, each its dot's own accumulator: rescaled, then
+        # accumulated into
+        terms = r.terms
         v_elem = "v_ptr.dtype.element_ty"
         self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
-        # each running accumulator is its dot's own accumulator: rescaled, then accumulated into
         for t, (_, node, form) in enumerate(terms):
+            self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, DVP], tl.float32)")
             p_tile = f"tl.where(col_ok, {self.vars[node].code}, 0.0).to({v_elem})"
             if form.scale is not None:
-                self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}")
+                self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
             self.loop.append(f"acc{t} = tl.dot({p_tile}, v, acc{t}{_dot_precision(r.v.node.meta['val'].dtype)})")
-        for red in r.reductions:
-            if red.combine in ("max", "min"):
-                self.loop.append(f"acc_{red.node.name} = new_{red.node.name}")
+        for st in self.streams:
+            for red in r.reductions:
+                if red.combine in ("max", "min"):
+                    name = f"{red.node.name}{self.sfx(st)}"
+                    self.loop.append(f"acc_{name} = new_{name}")
         self.epilogue(terms, out_dtype)
         return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
                           autotuned=bool(configs), index_bound=self.index_bound,
                           elem_bytes=r.q.node.meta["val"].element_size())
+
+    def dag_node(self, node: fx.Node, reductions: dict) -> None:
+        split = self.r.split
+        if split is not None and node is split.view:
+            return  # read through by its selects
+        if split is not None and node in split.selects:
+            self.vars[node] = self.vars_of[split.selects[node]][split.view.args[0]]
+        elif node in reductions:
+            self.reduce(reductions[node])
+        elif self.r.forms.get(node) == ROW_FORM or self.r.forms[node].kind == "sum":
+            return  # absorbed into a homomorphism, a row op of the epilogue, or a sum whose
+            # terms accumulate on their own
+        else:
+            self.stream_node(node)
 
     def stream_node(self, node: fx.Node) -> None:
         r = self.r
@@ -454,7 +523,7 @@ class _Printer:
         if p in HOMOMORPHISMS and form is not None and form.scale is not None and r.forms.get(shift) == ROW_FORM:
             # E(x - r) printed as E(x - m) against the running maximum m (rules.HOMOMORPHISMS)
             x = self.vars[shift.args[0]]
-            code = HOMOMORPHISMS[p].apply.format(x=x.code, m=f"mu_{form.scale.name}")
+            code = HOMOMORPHISMS[p].apply.format(x=x.code, m=f"mu_{form.scale.name}{self.sfx()}")
             self.vars[node] = self.place(code, True, "e")
             return
         if node in r.passthrough:
@@ -467,7 +536,7 @@ class _Printer:
         self.vars[node] = self.apply(node, args)
 
     def reduce(self, red) -> None:
-        name = red.node.name
+        name = f"{red.node.name}{self.sfx()}"
         x = self.vars[red.source]
         acc = f"acc_{name}"
         if red.combine in ("max", "min"):
@@ -483,7 +552,7 @@ class _Printer:
             return
         tile = f"tl.sum(tl.where(col_ok, {x.code}, 0.0), 1, keep_dims=True)"
         if red.scale is not None:
-            self.loop.append(f"{acc} = {acc} * alpha_{red.scale.name} + {tile}")
+            self.loop.append(f"{acc} = {acc} * alpha_{red.scale.name}{self.sfx()} + {tile}")
         else:
             self.loop.append(f"{acc} = {acc} + {tile}")
         self.vars[red.node] = Value(acc, True)
@@ -497,25 +566,34 @@ class _Printer:
 
     def epilogue(self, terms: list, out_dtype) -> None:
         """After the loop: finish the row values (reductions with their deferred factors, then
-        the row ops, in graph order), apply each term's factors and store ``Σ ± acc_t``."""
+        the row ops, in graph order; per stream, then in the output frame), apply each term's
+        factors and store ``Σ ± acc_t``."""
         r = self.r
         self.in_epilogue = True
-        maxima = [red.node for red in r.reductions if red.combine == "max"]
-        for m in maxima:
-            # eager computes exp(-inf - (-inf)) = nan for a row whose every score is -inf; the
-            # shift factor E(m - r) sees the same m as the loop (-inf held as 0)
-            self.post.append(f"nanrow_{m.name} = acc_{m.name} == float('-inf')")
-            self.post.append(f"mu_{m.name} = tl.where(nanrow_{m.name}, 0.0, acc_{m.name})")
         reductions = {red.node: red for red in r.reductions}
-        for node in sorted([*reductions, *r.epilogue], key=self.order.__getitem__):
-            if node in reductions:
-                red = reductions[node]
-                value = self.finish(f"acc_{node.name}", red.scale, red.factors)
-                self.vars[node] = self.place(value, False, "row")
-            else:
-                idx = self.node_idx(node)
-                self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
-        parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors)}"
+        for st in [*self.streams, None] if r.split is not None else [None]:
+            self.enter_stream(st)
+            x = self.sfx()
+            if st is not None or r.split is None:
+                for red in r.reductions:
+                    if red.combine == "max":
+                        # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
+                        # -inf; the shift factor E(m - r) sees the m of the loop (-inf held as 0)
+                        m = f"{red.node.name}{x}"
+                        self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
+                        self.post.append(f"mu_{m} = tl.where(nanrow_{m}, 0.0, acc_{m})")
+            rows = [n for n in r.epilogue if (n in r.combined) == (st is None and r.split is not None)]
+            if st is not None or r.split is None:
+                rows += list(reductions)
+            for node in sorted(rows, key=self.order.__getitem__):
+                if node in reductions:
+                    red = reductions[node]
+                    value = self.finish(f"acc_{node.name}{x}", red.scale, red.factors, st)
+                    self.vars[node] = self.place(value, False, "row")
+                else:
+                    idx = self.node_idx(node)
+                    self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
+        parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors, form.stream)}"
                  for t, (sign, _, form) in enumerate(terms)]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
         self.post.append(
@@ -523,16 +601,19 @@ class _Printer:
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
 
-    def finish(self, acc: str, scale, factors) -> str:
-        """An accumulated value with its row factors applied. A value computed against the
-        running maximum with no shift factor of its own is NaN where that maximum is -inf."""
+    def finish(self, acc: str, scale, factors, stream) -> str:
+        """An accumulated value of ``stream`` with its row factors applied. A value computed
+        against the running maximum with no shift factor of its own is NaN where that maximum
+        is -inf."""
+        x = self.sfx(stream)
+        vars_ = self.vars_of[stream if stream in self.vars_of else None]
         out = acc
         if scale is not None and not any(f.op == "shift" for f in factors):
-            out = f"tl.where(nanrow_{scale.name}, float('nan'), {out})"
+            out = f"tl.where(nanrow_{scale.name}{x}, float('nan'), {out})"
         for f in factors:
-            row = self.vars[f.row].code if f.row in self.vars else self.arg(f.row, self.node_idx(f.row)).code
+            row = vars_[f.row].code if f.row in vars_ else self.arg(f.row, self.node_idx(f.row)).code
             if f.op == "shift":
-                out = f"({out} * {f.hom.rescale.format(old=f'mu_{f.max.name}', new=row)})"
+                out = f"({out} * {f.hom.rescale.format(old=f'mu_{f.max.name}{x}', new=row)})"
             else:
                 out = f"({out} {'*' if f.op == 'mul' else '/'} {row})"
         return out

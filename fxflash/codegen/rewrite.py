@@ -76,7 +76,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
     sources = [node_map[n] for n in plan.input_nodes] + [n for n in gm.graph.nodes if n.op == "placeholder"]
     out_val = region.output.meta["val"]
     with gm.graph.inserting_before(output):
-        frame = [_size_arg(gm, s, sources) for s in region.frame.meta["val"].shape]
+        frame = [_size_arg(gm, s, sources) for s in region.out_frame_shape]
         out_shape = [_size_arg(gm, s, sources) for s in out_val.shape]
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         key = register(RegisteredRegion(plan, kernel, reference, out_val.dim(), is_float))

@@ -78,12 +78,14 @@ class Form:
               computed against (None: no rescale).
     factors:  for deferred values, the Factors applied after the loop, in order.
     terms:    for sums, ((sign, node), …) with each node of form plain/scaled/deferred.
+    stream:   for values picked out of one stream of a StreamSplit, its index.
     """
 
     kind: str
     scale: fx.Node | None = None
     factors: tuple = ()
     terms: tuple = ()
+    stream: int | None = None
 
     @property
     def is_term(self) -> bool:
@@ -121,13 +123,16 @@ class Region:
     frame:       the score node ``S[*batch, M, N]`` (the producer's output in the user's frame);
                  every value of the score DAG broadcasts to it, right-aligned.
     q, k, v:     operands: ``Q[*, M, D]``, ``Kᵀ[*, D, N]``, ``V[*, N, Dv]``.
-    stream:      nodes of the score DAG in graph order, with their forms.
+    dag:         nodes of the score DAG in graph order, with their forms.
     reductions:  online reductions over N.
     p_node:      the value multiplied into V (in the frame), with its form.
     epilogue:    row nodes computed after the loop, in graph order.
     output:      the node the kernel's result replaces, contiguous ``[*, M, Dv]``.
     nodes:       every node the kernel replaces.
     steps:       the transformations applied, for explain().
+    split:       with several streams (differential attention), how they are selected; the
+                 DAG nodes in ``combined`` are in the output frame, the others are computed
+                 once per stream in the score frame.
     """
 
     chain: Chain
@@ -136,7 +141,7 @@ class Region:
     k: Operand
     v: Operand
     forms: dict
-    stream: list
+    dag: list
     reductions: list
     p_node: fx.Node
     epilogue: list
@@ -148,7 +153,14 @@ class Region:
     D: int
     Dv: int
     passthrough: dict = dataclasses.field(default_factory=dict)
+    split: StreamSplit | None = None   # several streams selected from the score frame
+    combined: set = dataclasses.field(default_factory=set)  # DAG nodes in the output frame
     tile_masks: list = dataclasses.field(default_factory=list)
+
+    @property
+    def out_frame_shape(self) -> tuple:
+        """``[*batch, M, N]`` of the value multiplied into V: the frame of the kernel's grid."""
+        return _shape(self.p_node)
 
     @property
     def terms(self) -> list:
@@ -206,27 +218,80 @@ def _frame_of(first: fx.Node, region_nodes: set) -> fx.Node:
     return first
 
 
-def _p_in_frame(second: fx.Node, frame_shape: tuple, region_nodes: set) -> tuple[fx.Node, list]:
-    """Walk the consumer's left operand back through the expand/view that flatten the frame's
-    batch axes; returns the value in the frame and the layout nodes walked."""
+def _p_in_frame(second: fx.Node, region_nodes: set) -> tuple[fx.Node, list]:
+    """Walk the consumer's left operand back through the views that flatten its batch axes and
+    the identity expands/copies before them; returns the value multiplied into V, in the frame
+    the user computed it in (the kernel's output frame), and the layout nodes walked."""
     node, walked = second.args[0], []
-    while _shape(node) != frame_shape:
-        if not _is(node, aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.clone) or node not in region_nodes:
-            raise FusionRefused("dimension demotion", second, "the consumer's operand is not the score tile in its frame")
+    rows, cols = _shape(node)[-2:]
+    batch = math.prod(_shape(node)[:-2])
+    while node in region_nodes and (_is(node, aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.clone)):
+        src = node.args[0]
+        s = _shape(src)
+        if len(s) < 2 or s[-2:] != (rows, cols) or math.prod(s[:-2]) != batch:
+            break
+        if _is(node, aten.expand) and tuple(node.args[1]) != s:
+            break  # a broadcast: the value is not computed per output batch
         walked.append(node)
-        node = node.args[0]
-    while _is(node, aten.expand, aten.clone) and _shape(node.args[0]) == frame_shape and node.args[0] in region_nodes:
-        walked.append(node)
-        node = node.args[0]
+        node = src
     return node, walked
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSplit:
+    """Several streams over the same keys (differential attention): the score frame
+    ``[*, X·S, M, N]`` is viewed as ``[*, X, S, M, N]`` (or ``[*, S, X, M, N]``) and each of the
+    ``S`` streams is picked by a ``select`` on the new axis. One program computes every stream
+    of its output row tile: score axis ``axis`` of stream ``s`` is ``x·S + s`` (inner) or
+    ``s·X + x`` (outer), with ``x`` the output frame's index on that axis.
+
+    view:     the view that splits the axis; selects: select node → stream index.
+    """
+
+    view: fx.Node
+    axis: int
+    count: int
+    inner: bool
+    selects: dict
+
+
+def _stream_split(frame_shape: tuple, out_shape: tuple, region_nodes: set) -> StreamSplit:
+    for view in region_nodes:
+        if not _is(view, aten.view, aten._unsafe_view, aten.reshape) or _shape(view.args[0]) != frame_shape:
+            continue
+        vs = _shape(view)
+        users = list(view.users)
+        if len(vs) != len(frame_shape) + 1 or not users or not all(
+                _is(u, aten.select) and u in region_nodes and isinstance(u.args[2], int) for u in users):
+            continue
+        a = {u.args[1] % len(vs) for u in users}
+        if len(a) != 1:
+            continue
+        (a,) = a
+        if a >= len(vs) - 2 or vs[:a] + vs[a + 1:] != out_shape:
+            continue
+        count = int(vs[a])
+        inner = a >= 1 and vs[a - 1] * vs[a] == frame_shape[a - 1] and vs[:a - 1] == frame_shape[:a - 1] \
+            and vs[a + 1:] == frame_shape[a:]
+        outer = vs[a] * vs[a + 1] == frame_shape[a] and vs[:a] == frame_shape[:a] and vs[a + 2:] == frame_shape[a + 1:]
+        if not (inner or outer) or count > MAX_STREAMS:
+            continue
+        selects = {u: u.args[2] % count for u in users}
+        return StreamSplit(view, a - 1 if inner else a, count, inner, selects)
+    raise FusionRefused("dimension demotion", None, f"the consumer's operand (frame {list(out_shape)}) is not "
+                        f"the score tile's frame {list(frame_shape)} nor a selection of streams from it")
+
+
+MAX_STREAMS = 4  # streams are unrolled in the kernel: each holds its own Q tile and accumulator
 
 
 class _FormInference:
     """Assigns a Form to every node of the score DAG, in graph order (the algebraic rules)."""
 
-    def __init__(self, frame: fx.Node, n_size: int):
+    def __init__(self, frame: fx.Node, n_size: int, split: StreamSplit | None = None):
         self.frame = frame
         self.n_size = n_size
+        self.split = split
         self.forms: dict = {frame: PLAIN}
         self.reductions: list = []
         self.steps: list = []
@@ -242,6 +307,12 @@ class _FormInference:
         args = list(node.args)
         forms = [self.form(a) for a in args]
         p = packet(node.target)
+        if self.split is not None and node is self.split.view:
+            return forms[0]
+        if self.split is not None and node in self.split.selects:
+            if forms[0].kind == "sum":
+                raise FusionRefused("algebraic transformation", node, "a stream of a sum of terms")
+            return dataclasses.replace(forms[0], stream=self.split.selects[node])
         if p in ONLINE_REDUCTIONS:
             return self._reduction(node, forms[0])
         if self._is_row_shift(node) and all(packet(u.target) in HOMOMORPHISMS for u in node.users):
@@ -333,7 +404,7 @@ class _FormInference:
         """``a ± b`` of two tile values: one accumulator when both carry the same rescale and
         row factors (linearity), otherwise a sum whose terms keep accumulators of their own."""
         a, b = forms
-        if a.kind != "sum" and (a.kind, a.scale, a.factors) == (b.kind, b.scale, b.factors):
+        if a.kind != "sum" and (a.kind, a.scale, a.factors, a.stream) == (b.kind, b.scale, b.factors, b.stream):
             return a
         terms = self._terms(args[0], 1) + self._terms(args[1], -1 if p is aten.sub else 1)
         self.steps.append(f"linearity: {node.name} = " + " ".join(
@@ -391,26 +462,36 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
                             f"head dims D={D}, Dv={Dv} must fit one tile (≤ {MAX_HEAD_DIM})")
     frame = _frame_of(first, region_nodes)
     frame_shape = _shape(frame)
-    p_node, p_walk = _p_in_frame(second, frame_shape, region_nodes)
+    p_node, p_walk = _p_in_frame(second, region_nodes)
+    out_shape = _shape(p_node)
+    split = None if out_shape == frame_shape else _stream_split(frame_shape, out_shape, region_nodes)
     tail = chain.nodes[chain.nodes.index(second):]
-    infer = _FormInference(frame, N)
-    stream = []
+    infer = _FormInference(frame, N, split)
+    dag = []
     skip = {first, frame, *p_walk, *tail}
+    combined = set()  # nodes after a stream's select: in the output frame
     for node in chain.nodes:
         if node in skip:
             continue
         if node.op != "call_function" or analysis.kinds[node] not in (OpKind.ELEMENTWISE, OpKind.REDUCTION, OpKind.LAYOUT, OpKind.INDEX):
             raise FusionRefused("score DAG", node, "op kind cannot be printed in a kernel")
-        if analysis.kinds[node] is OpKind.LAYOUT and not _is_frame_identity(node):
+        selecting = split is not None and (node is split.view or node in split.selects)
+        if analysis.kinds[node] is OpKind.LAYOUT and not selecting and not _is_frame_identity(node):
             raise FusionRefused("score DAG", node, "a layout op that moves the score tile's axes")
         if any(not isinstance(a.meta.get("val"), (torch.Tensor, *SYMBOLIC_SCALARS)) for a in node.all_input_nodes):
             raise FusionRefused("score DAG", node, "an input without a tensor value")
-        _check_broadcasts(node, frame_shape)
+        if split is not None and (node in split.selects or any(a in combined for a in node.all_input_nodes)):
+            combined.add(node)
+        if node is not (split.view if split else None):
+            _check_broadcasts(node, out_shape if node in combined else frame_shape)
         infer.forms[node] = infer.infer(node)
-        stream.append(node)
+        dag.append(node)
     p_form = infer.forms.get(p_node, PLAIN)
     if p_form.kind == "row":
         raise FusionRefused("dimension demotion", p_node, "the consumer's operand does not vary along the demoted axis")
+    if split is not None and p_node not in combined:
+        raise FusionRefused("dimension demotion", p_node, "the consumer's operand is not computed from the streams")
+    stream = dag
     epilogue = [n for n in stream if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
                 and n not in infer.absorbed]
     stream_nodes = [n for n in stream if n not in epilogue]
@@ -421,13 +502,17 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         f"dimension demotion: {dim_name(chain.demoted)} (N={N}), parallel in {first.name}, becomes the reduction "
         f"axis of the region; one program per row tile loops over it",
         *infer.steps,
+        *([f"streams: {split.count} score maps over the same keys ({split.view.name} splits axis {split.axis} of "
+             f"the score frame); one program computes all of them for its rows, one Q tile and one set of "
+             f"running values each"] if split is not None else []),
         f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
         f"{first.name} and {second.name} chain inside the loop",
     ]
     region = Region(
-        chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, stream=stream_nodes,
+        chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, dag=stream_nodes,
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
         nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv, passthrough=infer.passthrough,
+        split=split, combined=combined,
     )
     from ..config import config
 
