@@ -11,8 +11,13 @@ from helpers import assert_accurate
 SOFTMAX_FAMILY = [
     "vanilla", "scale_q_first", "manual_softmax", "bshd", "gqa_repeat_interleave", "gqa_expand",
     "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask", "key_padding",
-    "additive_mask", "diff_attention", "evoformer_row",
+    "additive_mask",
 ]
+BEYOND_TEMPLATE = [
+    "diff_attention", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",
+    "softmax_one", "retention_norm",
+]
+FUSED_VARIANTS = SOFTMAX_FAMILY + BEYOND_TEMPLATE
 SHAPES = {
     "tiled": Shape(B=1, H=2, Hkv=2, M=32, N=32, D=16, Dv=16),      # multiples of the 16×16 tile
     "odd": Shape(B=2, H=4, Hkv=2, M=19, N=37, D=24, Dv=8),          # none are; M ≠ N, D ≠ Dv
@@ -33,7 +38,7 @@ def _fused_once(fn, args, expected):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("name", SOFTMAX_FAMILY, ids=str)
+@pytest.mark.parametrize("name", FUSED_VARIANTS, ids=str)
 def test_variant_fuses_and_matches_float64(name, shape, dtype):
     variant = VARIANTS[name]
     if name == "document_mask" and shape == "mqa":
@@ -248,3 +253,76 @@ def test_expanded_gqa_keys_are_read_in_place_not_copied():
     report = fxflash.explain(variant.fn, *args)
     assert "clone" not in report.rewritten.code  # neither K nor V is copied before the kernel
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def test_attention_weights_shared_by_more_value_heads_are_refused():
+    """P ``[B, 1, M, N]`` broadcast against V ``[B, 3, N, Dv]``: the kernel's grid would cover one
+    head, the output has three. Refused (this once fused and returned garbage)."""
+    def fn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    q, k, v = torch.randn(2, 1, 19, 8), torch.randn(2, 1, 37, 8), torch.randn(2, 3, 37, 8)
+    (region,) = fxflash.explain(fn, q, k, v).regions
+    assert not region.fused and "dimension demotion" in region.reason
+    torch.testing.assert_close(fxflash.optimize(fn)(q, k, v), fn(q, k, v))
+
+
+def test_differential_attention_is_one_kernel_with_two_streams():
+    variant = VARIANTS["diff_attention"]
+    args = variant.inputs(SHAPES["odd"])
+    report = _fused_once(variant.fn, args, 1)
+    (region,) = report.regions
+    assert any(step.startswith("streams: 2") for step in region.steps)
+    source = region.source
+    assert "acc_amax_0" in source and "acc_amax_1" in source and "acc1 = tl.dot" in source
+
+
+def test_differential_attention_with_lambda_computed_from_parameters():
+    def diff(q, k, v, lq1, lk1, lq2, lk2, lambda_init=0.8):
+        lam = torch.exp(torch.sum(lq1 * lk1, -1)) - torch.exp(torch.sum(lq2 * lk2, -1)) + lambda_init
+        b, h2, m, _ = q.shape
+        attn = torch.softmax(q @ k.transpose(-1, -2) * q.size(-1) ** -0.5, dim=-1)
+        attn = attn.view(b, h2 // 2, 2, m, k.size(-2))
+        return (attn[:, :, 0] - lam * attn[:, :, 1]) @ v
+
+    g = torch.Generator().manual_seed(7)
+    lambdas = tuple(0.1 * torch.randn(24, generator=g) for _ in range(4))
+    args = VARIANTS["diff_attention"].inputs(SHAPES["odd"]) + lambdas
+    _fused_once(diff, args, 1)
+    assert_accurate(diff, args, fxflash.optimize(diff)(*args))
+
+
+@pytest.mark.parametrize("name", ["evoformer_row", "evoformer_col"])
+def test_evoformer_gate_and_transposes_run_in_the_epilogue(name):
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES["odd"])
+    report = _fused_once(variant.fn, args, 1)
+    code = report.rewritten.code
+    assert "sigmoid" not in code and "mul" not in code.split("region")[1]  # gate fused, never written
+    out = fxflash.optimize(variant.fn)(*args)
+    assert out.stride() == variant.fn(*args).stride()  # eager's layout of o * sigmoid(gate)
+    assert_accurate(variant.fn, args, out)
+
+
+def test_quiet_softmax_of_a_fully_masked_row_is_zero_as_in_eager():
+    def softmax_one(q, k, v, keep):
+        s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
+        m = s.amax(-1, keepdim=True).clamp(min=0)
+        e = torch.exp(s - m)
+        return (e / (torch.exp(-m) + e.sum(-1, keepdim=True))) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    keep = torch.rand(2, 1, 19, 37, generator=torch.Generator().manual_seed(8)) > 0.3
+    keep[:, :, 3] = False
+    out = fxflash.optimize(softmax_one)(q, k, v, keep)
+    assert fxflash.explain(softmax_one, q, k, v, keep).regions[0].fused
+    assert torch.equal(out[:, :, 3], torch.zeros_like(out[:, :, 3]))
+    assert_accurate(softmax_one, (q, k, v, keep), out)
+
+
+def test_plain_mm_chains_and_softmax_over_queries_stay_eager():
+    for name in ("mlp", "softmax_over_queries"):
+        variant = VARIANTS[name]
+        args = variant.inputs(SHAPES["odd"])
+        assert all(not r.fused for r in fxflash.explain(variant.fn, *args).regions)
+        torch.testing.assert_close(fxflash.optimize(variant.fn)(*args), variant.fn(*args))

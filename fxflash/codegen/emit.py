@@ -25,11 +25,12 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..patterns.region import ROW as ROW_FORM, Region
-from ..patterns.rules import HOMOMORPHISMS, ONLINE_REDUCTIONS
+from ..patterns.rules import HOMOMORPHISMS, MAX_HEAD_DIM, ONLINE_REDUCTIONS
 from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
+DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
 
 
 @dataclasses.dataclass
@@ -49,6 +50,8 @@ class KernelPlan:
     autotuned: bool = False
     elem_bytes: int = 2
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
+    out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
+                                    # (None: contiguous, stored without strides)
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -109,7 +112,7 @@ class _Printer:
         self.vars: dict = {}
         self.counter = 0
         self.index_bound = (0, 0)
-        self.idx_bound = {ROW: (1, 0), COL: (1, 0)}
+        self.idx_bound = {ROW: (1, 0), COL: (1, 0), DVC: (0, MAX_HEAD_DIM)}
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
         self.skips_tiles = False
@@ -248,9 +251,15 @@ class _Printer:
                 and self.kinds.get(node) is OpKind.ELEMENTWISE and packet(node.target) in PRINTERS):
             inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             largest = max((a.meta["val"].numel() for a in inputs), default=0)
-            ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs))
+            ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs)
+                                   or self.feeds_output_op_alone(node))
         self.inline_memo[node] = ok
         return ok
+
+    def feeds_output_op_alone(self, node: fx.Node) -> bool:
+        """An elementwise op whose only use is an output op (the gate's sigmoid): computed in
+        the kernel from its inputs, so its result is never written to memory."""
+        return len(node.users) == 1 and next(iter(node.users)) in self.r.output_ops
 
     def place(self, code: str, varies_n: bool, prefix="t") -> Value:
         """Bind ``code`` to a new name: after the loop in the epilogue, else inside the loop
@@ -275,7 +284,7 @@ class _Printer:
                  for axis, e in enumerate(idx) if e is not None]
         offset = " + ".join(terms) if terms else "0"
         used = " ".join(e for e in idx if e)
-        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok")) if v in used]
+        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok"), (DVC, f"({DVC} < DV)")) if v in used]
         mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
         code = f"tl.load({ptr} + {offset}{mask}).to({cd})"
         return self.place(code, COL in used, "x")
@@ -498,7 +507,8 @@ class _Printer:
         self.epilogue(terms, out_dtype)
         return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
                           autotuned=bool(configs), index_bound=self.index_bound,
-                          elem_bytes=r.q.node.meta["val"].element_size())
+                          elem_bytes=r.q.node.meta["val"].element_size(),
+                          out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None)
 
     def dag_node(self, node: fx.Node, reductions: dict) -> None:
         split = self.r.split
@@ -596,10 +606,41 @@ class _Printer:
         parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors, form.stream)}"
                  for t, (sign, _, form) in enumerate(terms)]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
+        if r.output_ops:
+            self.store_through_output_ops()
+            return
         self.post.append(
             f"tl.store(out_ptr + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
+
+    def store_through_output_ops(self) -> None:
+        """Apply the output ops to the tile ``out`` (indexed ``[*fb, rm, dvc]``), following
+        transposes as a permutation of those index names, and store the result at the output
+        tensor's own strides."""
+        r = self.r
+        self.post.append(f"{DVC} = offs_dv[None, :]")
+        names = [f"fb{i}" for i in range(len(self.frame_shape) - 2)] + [ROW, DVC]
+        self.vars[r.output_ops[0].args[0]] = Value("out", True)
+        for op in r.output_ops:
+            p = packet(op.target)
+            if p is aten.transpose:
+                rank = len(names)
+                d0, d1 = op.args[1] % rank, op.args[2] % rank
+                names[d0], names[d1] = names[d1], names[d0]
+            elif p is aten.permute:
+                names = [names[d % len(names)] for d in op.args[1]]
+            if p in (aten.transpose, aten.permute):
+                self.vars[op] = self.vars[op.args[0]]
+                continue
+            self.vars[op] = self.apply(op, [self.arg(a, tuple(names)) for a in op.args])
+        offset = " + ".join(
+            f"{name}{'.to(tl.int64)' if name.startswith('fb') or name == ROW else ''} * out_s{axis}"
+            for axis, name in enumerate(names))
+        for axis in range(len(names)):
+            self.param(f"out_s{axis}", ("out_stride", axis))
+        self.post.append(f"tl.store(out_ptr + {offset}, {self.vars[r.output].code}.to(out_ptr.dtype.element_ty), "
+                         f"mask=({ROW} < M) & ({DVC} < DV))")
 
     def finish(self, acc: str, scale, factors, stream) -> str:
         """An accumulated value of ``stream`` with its row factors applied. A value computed
@@ -701,6 +742,12 @@ def _literal_bound(value) -> tuple | None:
     if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= NARROW_LITERAL_LIMIT:
         return None
     return (0, abs(value))
+
+
+def _memory_order(val: torch.Tensor) -> tuple:
+    """Axes of ``val`` from the largest stride to the smallest: eager's layout of the result."""
+    strides = val.stride()
+    return tuple(sorted(range(val.dim()), key=lambda a: (-int(strides[a]), a)))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

@@ -20,8 +20,20 @@ def tile_config(plan: KernelPlan, device: torch.device) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
-def _arg(spec, inputs, frame):
+def empty_output(plan: KernelPlan, shape: list, like: torch.Tensor) -> torch.Tensor:
+    """The kernel's result: contiguous, or laid out in ``plan.out_order`` (eager's layout of
+    the region's last op)."""
+    if plan.out_order is None:
+        return like.new_empty(shape, dtype=plan.out_dtype)
+    order = plan.out_order
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return like.new_empty([shape[a] for a in order], dtype=plan.out_dtype).permute(inverse)
+
+
+def _arg(spec, inputs, frame, out):
     kind = spec[0]
+    if kind == "out_stride":
+        return out.stride(spec[1])
     if kind == "ptr":
         return inputs[spec[1]]
     if kind == "stride":
@@ -36,9 +48,9 @@ def _arg(spec, inputs, frame):
 def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shape: list) -> torch.Tensor:
     """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shape`` the result's shape."""
     device = inputs[0].device
-    out = torch.empty(out_shape, dtype=plan.out_dtype, device=device)
+    out = empty_output(plan, out_shape, inputs[0])
     batch = math.prod(frame[:-2])
-    args = [_arg(spec, inputs, frame) for spec in plan.args]
+    args = [_arg(spec, inputs, frame, out) for spec in plan.args]
     if plan.autotuned:
         def grid(meta):
             return (triton.cdiv(frame[-2], meta["BLOCK_M"]) * batch,)

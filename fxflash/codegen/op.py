@@ -4,7 +4,7 @@
 ``inputs`` (the tensors the kernel reads). ``sizes`` holds the frame sizes ``[*batch, M, N]``,
 then the result's shape, then the integer sizes the region's own ops read (symbolic under
 ``dynamic=True``); ``scalars`` the float values they read (``size(-1) ** -0.5``). The
-result is a new contiguous tensor. Its fake implementation gives the shape and
+result is a new tensor, contiguous or in eager's layout of the region's last op. Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula recomputes the region's own subgraph
 with eager autograd (no fused backward yet), so training through a fused region is exact.
 """
@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from .emit import KernelPlan
-from .launch import launch
+from .launch import empty_output, launch
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list
 def _region_fake(key, inputs, sizes, scalars):
     entry = registered(key)
     _, out_shape, _ = entry.split(sizes)
-    return inputs[0].new_empty(out_shape, dtype=entry.plan.out_dtype)
+    return empty_output(entry.plan, out_shape, inputs[0])
 
 
 def _setup_context(ctx, inputs, output):

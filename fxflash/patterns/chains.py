@@ -26,6 +26,7 @@ from ..analysis.sketch import dim_name
 aten = torch.ops.aten
 INNER_KINDS = {OpKind.ELEMENTWISE, OpKind.LAYOUT, OpKind.REDUCTION, OpKind.INDEX}
 TRAILING_VIEWS = {aten.view, aten._unsafe_view, aten.reshape}
+EPILOGUE_LAYOUTS = {aten.permute, aten.transpose}
 
 
 @dataclasses.dataclass
@@ -35,6 +36,9 @@ class Chain:
     first / second: the producer contraction (``QKᵀ``) and the consumer (``P·V``).
     demoted:        dimension id of ``N``: the producer's parallel axis that becomes the
                     region's reduction axis (dimension demotion).
+    output_ops:     ops after the consumer (and the view that restores its batch axes) that
+                    the kernel applies to its output tile before storing it: transposes and
+                    elementwise ops with inputs from outside the region (a sigmoid gate).
     reductions:     the reductions over ``N`` between them (``amax``, ``sum``).
     nodes:          every node of the region, in graph order; the last is its output.
     inputs:         nodes outside the region that it reads.
@@ -48,6 +52,7 @@ class Chain:
     nodes: list
     inputs: list
     escapes: list
+    output_ops: list = dataclasses.field(default_factory=list)
 
     @property
     def output(self) -> fx.Node:
@@ -107,6 +112,8 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
             break
         nodes.add(user)
         last = user
+    output_ops = _output_ops(analysis, last, nodes)
+    nodes.update(output_ops)
     if not is_convex(g, nodes):
         return None
     ordered = sorted(nodes, key=order.__getitem__)
@@ -114,7 +121,35 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
         {i for n in ordered for i in n.all_input_nodes if i not in nodes}, key=order.__getitem__
     )
     escapes = [n for n in ordered[:-1] if any(u not in nodes for u in n.users)]
-    return Chain(first, second, demoted, sorted(reductions, key=order.__getitem__), ordered, inputs, escapes)
+    return Chain(first, second, demoted, sorted(reductions, key=order.__getitem__), ordered, inputs, escapes,
+                 output_ops)
+
+
+def _output_ops(analysis: GraphAnalysis, last: fx.Node, nodes: set) -> list:
+    """The single-user run of transposes and elementwise ops after ``last`` whose other inputs
+    do not depend on the region (they are loaded, or computed, per output tile)."""
+    ops, inside = [], set(nodes)
+    g = analysis.dataflow
+    while len(last.users) == 1:
+        (user,) = last.users
+        if user.op != "call_function":
+            break
+        kind, p = analysis.kinds.get(user), packet(user.target)
+        others = [a for a in user.all_input_nodes if a is not last]
+        if kind is OpKind.ELEMENTWISE:
+            if any(a in inside or nx.ancestors(g, a) & inside for a in others):
+                break
+            if tuple(user.meta["val"].shape) != tuple(last.meta["val"].shape):
+                break  # an op that broadcasts the output up
+        elif p not in EPILOGUE_LAYOUTS:
+            break
+        ops.append(user)
+        inside.add(user)
+        last = user
+    # a transpose is worth taking only when an elementwise op after it reads the new order
+    while ops and packet(ops[-1].target) in EPILOGUE_LAYOUTS:
+        ops.pop()
+    return ops
 
 
 def find_chains(analysis: GraphAnalysis) -> list[Chain]:

@@ -127,7 +127,8 @@ class Region:
     reductions:  online reductions over N.
     p_node:      the value multiplied into V (in the frame), with its form.
     epilogue:    row nodes computed after the loop, in graph order.
-    output:      the node the kernel's result replaces, contiguous ``[*, M, Dv]``.
+    output:      the node the kernel's result replaces: ``[*, M, Dv]``, contiguous, or with
+                 ``output_ops`` (transposes, a gate) the last of them, in eager's layout.
     nodes:       every node the kernel replaces.
     steps:       the transformations applied, for explain().
     split:       with several streams (differential attention), how they are selected; the
@@ -153,6 +154,7 @@ class Region:
     D: int
     Dv: int
     passthrough: dict = dataclasses.field(default_factory=dict)
+    output_ops: list = dataclasses.field(default_factory=list)  # applied to the output tile
     split: StreamSplit | None = None   # several streams selected from the score frame
     combined: set = dataclasses.field(default_factory=set)  # DAG nodes in the output frame
     tile_masks: list = dataclasses.field(default_factory=list)
@@ -491,6 +493,14 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         raise FusionRefused("dimension demotion", p_node, "the consumer's operand does not vary along the demoted axis")
     if split is not None and p_node not in combined:
         raise FusionRefused("dimension demotion", p_node, "the consumer's operand is not computed from the streams")
+    if chain.output_ops:
+        out_view = chain.output_ops[0].args[0]
+        if _shape(out_view) != out_shape[:-1] + (Dv,):
+            raise FusionRefused("epilogue", chain.output_ops[0], f"the output {list(_shape(out_view))} is not the "
+                                f"kernel's output frame {list(out_shape[:-1]) + [Dv]}")
+        for op in chain.output_ops:
+            if op.meta["val"].dtype not in FLOAT_DTYPES:
+                raise FusionRefused("epilogue", op, "output ops must keep a float dtype")
     stream = dag
     epilogue = [n for n in stream if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
                 and n not in infer.absorbed]
@@ -507,12 +517,14 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
              f"running values each"] if split is not None else []),
         f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
         f"{first.name} and {second.name} chain inside the loop",
+        *([f"epilogue: {', '.join(op.name for op in chain.output_ops)} applied to the output tile before "
+           f"it is stored"] if chain.output_ops else []),
     ]
     region = Region(
         chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, dag=stream_nodes,
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
         nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv, passthrough=infer.passthrough,
-        split=split, combined=combined,
+        split=split, combined=combined, output_ops=list(chain.output_ops),
     )
     from ..config import config
 
