@@ -1,6 +1,7 @@
 """Side-by-side timings of attention variants: fxflash, eager, torch.compile, FlexAttention, SDPA.
 
     PYTHONPATH=. python benchmarks/bench_attention.py [--variants …] [--seqlens …] [--out CSV]
+    PYTHONPATH=. python benchmarks/bench_attention.py --suite beyond [--variants …] [--seqlens …]
 
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
 batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Times are medians
@@ -9,6 +10,14 @@ as its users do) and its ``create_block_mask`` time are separate rows. ``peak_mb
 ``torch.cuda.max_memory_allocated`` during one call beyond the memory held before it (the
 inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
 Rows append to ``benchmarks/results/<gpu-name>.csv`` (one row per variant, config, system).
+
+The ``beyond`` suite times the programs no template expresses against eager and
+torch.compile: differential attention (bf16; 32 heads of dim 64 in 16 pairs with V of width
+128, and 16 heads of dim 128 in 8 pairs with V of width 256; seqlen 512 to 16k at batch ×
+seqlen = 16k), the Evoformer's gated row attention (batch 1, 8, 32; N_seq = S = 256; 4 heads;
+head dim 64 and 128; ``B`` in the CSV is batch × N_seq), sigmoid and ReLU attention (the
+softmax suite's shapes). Their TFLOP/s count the eager program's matrix products:
+``2·B·Hqk·M·N·D + 2·B·Hv·M·N·Dv``.
 """
 from __future__ import annotations
 
@@ -208,18 +217,113 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                     torch.cuda.empty_cache()
 
 
+def beyond_cases(name: str, seqlens, device, dtype, tokens=16384):
+    """(row fields, program, args, flops) for each config of a ``beyond``-suite variant."""
+    g = torch.Generator(device="cpu").manual_seed(2)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
+
+    if name == "diff_attention":
+        for heads, d in ((32, 64), (16, 128)):
+            for S in seqlens:
+                B, H = max(1, tokens // S), heads // 2
+                args = rnd(B, heads, S, d), rnd(B, heads, S, d), rnd(B, H, S, 2 * d)
+                flops = 2 * B * heads * S * S * d + 2 * B * H * S * S * 2 * d
+                yield dict(B=B, H=heads, Hkv=heads, M=S, N=S, D=d, Dv=2 * d), V.diff_attention, args, flops
+    elif name in ("evoformer_row", "evoformer_col"):
+        n_seq = S = 256
+        H = 4
+        for d in (64, 128):
+            for B in (1, 8, 32):
+                q, k, v, gate = (rnd(B, n_seq, S, H, d) for _ in range(4))
+                mask = (torch.rand(B, n_seq, S, generator=g) > 0.1).to(device=device, dtype=dtype)
+                fn = getattr(V, name)
+                args = (q, k, v, mask, rnd(B, 1, H, S, S), gate) if name == "evoformer_row" else (q, k, v, mask, gate)
+                flops = 2 * B * n_seq * H * S * S * 2 * d
+                yield dict(B=B * n_seq, H=H, Hkv=H, M=S, N=S, D=d, Dv=d), fn, args, flops
+    elif name in ("sigmoid_attention", "relu_attention"):
+        for S in seqlens:
+            B, H, d = max(1, tokens // S), 16, 64
+            args = rnd(B, H, S, d), rnd(B, H, S, d), rnd(B, H, S, d)
+            yield dict(B=B, H=H, Hkv=H, M=S, N=S, D=d, Dv=d), getattr(V, name), args, 2 * B * H * S * S * 2 * d
+    else:
+        raise ValueError(name)
+
+
+def run_beyond(variants, seqlens, out_path, systems=None):
+    """The ``beyond`` suite: fxflash, eager and torch.compile; fxflash checked against eager."""
+    dtype, device = torch.bfloat16, "cuda"
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    warm_up_gpu()
+    new = not os.path.exists(out_path)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "a", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        if new:
+            writer.writeheader()
+        for name in variants:
+            for fields, fn, args, flops in beyond_cases(name, seqlens, device, dtype):
+                torch._dynamo.reset()
+                row = dict(suite="beyond", variant=name, dtype="bf16", **fields, **meta)
+                fast = fxflash.optimize(fn)
+                compiled = torch.compile(fn, dynamic=False)
+                calls = {"fxflash": lambda: fast(*args), "eager": lambda: fn(*args),
+                         "torch_compile": lambda: compiled(*args)}
+                try:
+                    reference = fn(*args)
+                except torch.OutOfMemoryError:
+                    reference = None
+                    torch.cuda.empty_cache()
+                for system, call in calls.items():
+                    if systems and system not in systems:
+                        continue
+                    try:
+                        if system == "fxflash":
+                            report = fxflash.explain(fn, *args)
+                            assert all(r.fused for r in report.regions), [r.reason for r in report.regions]
+                            if reference is not None:
+                                check(call(), reference, f"{name} {fields} {system}")
+                        ms, peak = measure(call)
+                        tflops = flops / (ms * 1e-3) / 1e12
+                    except torch.OutOfMemoryError:
+                        ms = peak = tflops = float("nan")
+                        torch.cuda.empty_cache()
+                    writer.writerow(dict(row, system=system, ms=f"{ms:.4f}", tflops=f"{tflops:.1f}",
+                                         peak_mb=f"{peak:.1f}"))
+                    f.flush()
+                    print(f"{name:<18} {str(fields):<70} {system:<14} {ms:9.3f} ms {tflops:7.1f} TFLOP/s "
+                          f"{peak:10.1f} MB", flush=True)
+                del reference
+                calls.clear()
+                torch.cuda.empty_cache()
+
+
+SUITES = {
+    "softmax": ["vanilla", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask"],
+    "beyond": ["diff_attention", "evoformer_row", "sigmoid_attention", "relu_attention"],
+}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="*", default=["vanilla", "alibi", "softcap", "causal", "sliding_window",
-                                                          "prefix_lm", "document_mask"])
-    parser.add_argument("--seqlens", nargs="*", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--suite", default="softmax", choices=list(SUITES))
+    parser.add_argument("--variants", nargs="*", default=None, help="default: the suite's variants")
+    parser.add_argument("--seqlens", nargs="*", type=int, default=None,
+                        help="default: 1k 4k 16k (softmax), 512 to 16k (beyond)")
     parser.add_argument("--gqa", nargs="*", default=["mha", "gqa"], choices=["mha", "gqa"])
     parser.add_argument("--systems", nargs="*", default=None)
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
     name = torch.cuda.get_device_name().replace(" ", "_")
     out = opts.out or os.path.join(os.path.dirname(__file__), "results", f"{name}.csv")
-    run(opts.variants, opts.seqlens, [g == "gqa" for g in opts.gqa], out, systems=opts.systems)
+    variants = opts.variants or SUITES[opts.suite]
+    if opts.suite == "beyond":
+        seqlens = opts.seqlens or [512, 1024, 2048, 4096, 8192, 16384]
+        run_beyond(variants, seqlens, out, systems=opts.systems)
+    else:
+        seqlens = opts.seqlens or [1024, 4096, 16384]
+        run(variants, seqlens, [g == "gqa" for g in opts.gqa], out, systems=opts.systems)
 
 
 if __name__ == "__main__":
