@@ -50,6 +50,8 @@ class KernelPlan:
     autotuned: bool = False
     elem_bytes: int = 2
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
+    streams: int = 1         # score maps per program (tile_configs)
+    accumulators: int = 1    # [BLOCK_M, Dv] fp32 accumulators per program
     out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
                                     # (None: contiguous, stored without strides)
 
@@ -769,15 +771,23 @@ SHARED_MEMORY_BUDGET = 220 * 1024   # bytes; Hopper has 227 KB per block
 SHARED_MEMORY_SLACK = 1.2           # Triton's own buffers beyond the operand tiles
 
 
-def tile_configs(d: int, dv: int, elem_bytes: int = 2) -> list:
-    """Candidate tiles for head dims d, dv, without those whose operand tiles (Q once, K and V
-    per pipeline stage) would not fit in shared memory; the smallest tile if none fits."""
+REGISTER_BUDGET = 128  # fp32 accumulator registers per thread before they spill
+
+
+def tile_configs(d: int, dv: int, elem_bytes: int = 2, streams: int = 1, accumulators: int = 1) -> list:
+    """Candidate tiles for head dims d, dv: each stream's Q tile once, its K tile and the V tile
+    per pipeline stage must fit in shared memory, and the ``accumulators`` [BLOCK_M, Dv] fp32
+    tiles in registers (8 warps where 4 would spill); the smallest tile if none fits."""
     size = max(d, dv)
     dp, dvp = _pow2(d), _pow2(dv)
-    fitting = [
-        (bm, bn, w, st) for bm, bn, w, st in next(c for limit, c in TILE_CONFIGS if size <= limit)
-        if (bm * dp + st * bn * (dp + dvp)) * elem_bytes * SHARED_MEMORY_SLACK <= SHARED_MEMORY_BUDGET
-    ]
+    fitting = []
+    for bm, bn, w, st in next(c for limit, c in TILE_CONFIGS if size <= limit):
+        shared = (streams * bm * dp + st * bn * (streams * dp + dvp)) * elem_bytes * SHARED_MEMORY_SLACK
+        if accumulators * bm * dvp > REGISTER_BUDGET * 32 * w:
+            w = 8
+        if shared <= SHARED_MEMORY_BUDGET and accumulators * bm * dvp <= REGISTER_BUDGET * 32 * w \
+                and (bm, bn, w, st) not in fitting:
+            fitting.append((bm, bn, w, st))
     return fitting or [(32, 32, 4, 1)]
 
 
@@ -785,8 +795,11 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region", autot
     """Print the Triton kernel of ``region``. Raises Unprintable for an op with no printer.
     With ``autotune``, the kernel is decorated with ``triton.autotune`` over TILE_CONFIGS."""
     elem_bytes = region.q.node.meta["val"].element_size()
-    configs = tile_configs(region.D, region.Dv, elem_bytes) if autotune else None
-    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
+    streams = region.split.count if region.split is not None else 1
+    configs = tile_configs(region.D, region.Dv, elem_bytes, streams, len(region.terms)) if autotune else None
+    plan = _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
+    plan.streams, plan.accumulators = streams, len(region.terms)
+    return plan
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

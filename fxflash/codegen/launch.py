@@ -16,7 +16,7 @@ def tile_config(plan: KernelPlan, device: torch.device) -> dict:
     small test shapes cross several tiles; otherwise the first autotuning candidate."""
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-    bm, bn, warps, stages = tile_configs(plan.d, plan.dv, plan.elem_bytes)[0]
+    bm, bn, warps, stages = tile_configs(plan.d, plan.dv, plan.elem_bytes, plan.streams, plan.accumulators)[0]
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 

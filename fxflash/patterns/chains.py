@@ -112,8 +112,6 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
             break
         nodes.add(user)
         last = user
-    output_ops = _output_ops(analysis, last, nodes)
-    nodes.update(output_ops)
     if not is_convex(g, nodes):
         return None
     ordered = sorted(nodes, key=order.__getitem__)
@@ -121,14 +119,14 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
         {i for n in ordered for i in n.all_input_nodes if i not in nodes}, key=order.__getitem__
     )
     escapes = [n for n in ordered[:-1] if any(u not in nodes for u in n.users)]
-    return Chain(first, second, demoted, sorted(reductions, key=order.__getitem__), ordered, inputs, escapes,
-                 output_ops)
+    return Chain(first, second, demoted, sorted(reductions, key=order.__getitem__), ordered, inputs, escapes)
 
 
-def _output_ops(analysis: GraphAnalysis, last: fx.Node, nodes: set) -> list:
+def _output_ops(analysis: GraphAnalysis, last: fx.Node, nodes: set, others: set) -> list:
     """The single-user run of transposes and elementwise ops after ``last`` whose other inputs
-    do not depend on the region (they are loaded, or computed, per output tile)."""
-    ops, inside = [], set(nodes)
+    depend neither on this region nor on another chain's (they are loaded, or computed, per
+    output tile)."""
+    ops, inside = [], set(nodes) | others
     g = analysis.dataflow
     while len(last.users) == 1:
         (user,) = last.users
@@ -164,4 +162,10 @@ def find_chains(analysis: GraphAnalysis) -> list[Chain]:
             if chain is not None and not any(set(chain.nodes) & set(c.nodes) for c in chains):
                 chains.append(chain)
                 break
+    for chain in chains:
+        others = {n for c in chains if c is not chain for n in c.nodes}
+        chain.output_ops = _output_ops(analysis, chain.output, set(chain.nodes), others)
+        chain.nodes = sorted(set(chain.nodes) | set(chain.output_ops), key=order.__getitem__)
+        chain.inputs = sorted({i for n in chain.nodes for i in n.all_input_nodes if i not in chain.nodes},
+                              key=order.__getitem__)
     return chains
