@@ -326,3 +326,14 @@ def test_plain_mm_chains_and_softmax_over_queries_stay_eager():
         args = variant.inputs(SHAPES["odd"])
         assert all(not r.fused for r in fxflash.explain(variant.fn, *args).regions)
         torch.testing.assert_close(fxflash.optimize(variant.fn)(*args), variant.fn(*args))
+
+
+def test_a_scalar_scale_of_q_is_applied_to_the_loaded_tile_not_copied():
+    variant = VARIANTS["scale_q_first"]
+    for dtype in (torch.float32, torch.float16):
+        args = variant.inputs(SHAPES["odd"], dtype)
+        report = _fused_once(variant.fn, args, 1)
+        before = report.rewritten.code.split("region")[0]
+        assert "mul" not in before  # q * d**-0.5 is no longer an eager pass over q
+        assert "q = (q.to(tl.float32) * " in report.regions[0].source
+        assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))

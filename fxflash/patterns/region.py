@@ -105,6 +105,7 @@ class Operand:
     node: fx.Node
     batch_rank: int
     transposed: bool = False  # the tensor holds [*batch, cols, rows]
+    scale: tuple = ()         # (("mul" | "div", constant), …) applied to each loaded tile, in order
 
 
 @dataclasses.dataclass
@@ -188,16 +189,40 @@ def _swaps_last_two(node: fx.Node) -> bool:
     return {node.args[1] % rank, node.args[2] % rank} == {rank - 2, rank - 1}
 
 
+SCALAR_SCALES = {aten.mul: "mul", aten.div: "div"}
+
+
+def _scalar_scale(node: fx.Node):
+    """``("mul" | "div", c)`` when ``node`` is ``x * c`` or ``x / c`` with ``c`` a Python number."""
+    if not _is(node, *SCALAR_SCALES) or len(node.args) != 2 or node.kwargs:
+        return None
+    x, c = node.args
+    if not isinstance(x, fx.Node) or isinstance(c, bool) or not isinstance(c, (int, float)):
+        return None
+    if _shape(x) != _shape(node) or x.meta["val"].dtype != node.meta["val"].dtype:
+        return None
+    return SCALAR_SCALES[packet(node.target)], c
+
+
 def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Operand:
-    """Follow batch-only regroupings (views, copies, identity expands) and transposes of the
-    last two axes back to the earliest tensor that still holds ``[*batch, rows, cols]`` (or
-    its transpose) with the same batch size, so the kernel reads the user's tensor with its
-    real strides instead of a copy (a GQA key expanded, copied, then transposed)."""
+    """Follow batch-only regroupings (views, copies, identity expands), transposes of the
+    last two axes and multiplications by a Python number back to the earliest tensor that still
+    holds ``[*batch, rows, cols]`` (or its transpose) with the same batch size, so the kernel
+    reads the user's tensor with its real strides instead of a copy (a GQA key expanded,
+    copied, then transposed; a query scaled by ``1/√d``, the scale then applied to the loaded
+    tile in the input dtype, rounded as eager rounds it)."""
     batch = math.prod(_shape(node)[:-2])
-    current, transposed = node, False
-    while (_is(current, *BATCH_REGROUP) or _swaps_last_two(current)) and current not in region_nodes:
-        src = current.args[0]
+    current, transposed, scale = node, False, []
+    while current not in region_nodes:
+        src = current.args[0] if current.args else None
         if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
+            break
+        factor = _scalar_scale(current)
+        if factor is not None:
+            scale.insert(0, factor)
+            current = src
+            continue
+        if not (_is(current, *BATCH_REGROUP) or _swaps_last_two(current)):
             break
         s = _shape(src)
         swap = _swaps_last_two(current)
@@ -207,7 +232,7 @@ def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Ope
         if _is(current, aten.expand) and tuple(current.args[1]) != s:
             break
         current, transposed = src, transposed != swap
-    return Operand(current, len(_shape(current)) - 2, transposed)
+    return Operand(current, len(_shape(current)) - 2, transposed, tuple(scale))
 
 
 def _frame_of(first: fx.Node, region_nodes: set) -> fx.Node:
