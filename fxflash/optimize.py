@@ -38,6 +38,8 @@ def _compile(fn, module, params, args, kwargs) -> _Compiled:
         warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=4)
         return _Compiled(None, None, None, str(exc))
     runner, report = optimize_graph(captured.graph_module)
+    if not any(region.fused for region in report.regions):
+        runner = None  # nothing fused: the user's own code runs, bit for bit as eager
     return _Compiled(captured, runner, report)
 
 
@@ -60,7 +62,7 @@ class _Optimizer:
 
     def __call__(self, *args, **kwargs) -> Any:
         entry, params = self.compiled_for(args, kwargs)
-        if entry.captured is None:
+        if entry.runner is None:
             return self._fn(*args, **kwargs)
         return entry.captured.run(entry.runner, params, args, kwargs)
 

@@ -76,3 +76,11 @@ def test_tile_skipping_on_gpu_changes_nothing(name):
         fxflash.config.block_sparsity = True
     torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
     assert_accurate(variant.fn, args, skipped)
+
+
+def test_tensors_on_different_devices_raise_eagers_error():
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=64, Dv=64), torch.float16, "cuda")
+    with pytest.raises(Exception) as eager_error:
+        VARIANTS["vanilla"].fn(q, k.cpu(), v)
+    with pytest.raises(type(eager_error.value)):
+        fxflash.optimize(VARIANTS["vanilla"].fn)(q, k.cpu(), v)

@@ -109,6 +109,15 @@ def constant_value(arg, default=_NO_CONSTANT):
     return default
 
 
+# Ops that draw from the random number generator. A region never reads their values: the
+# user's random draws stay exactly the user's (dropout falls back, bit for bit).
+RANDOM = {
+    aten.bernoulli, aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.randint,
+    aten.randint_like, aten.randperm, aten.normal, aten.uniform, aten.exponential,
+    aten.native_dropout, aten.multinomial, aten.poisson,
+}
+
+
 def packet(target):
     """The OpOverloadPacket of an FX target, or the target itself if it has none."""
     return getattr(target, "overloadpacket", target)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import networkx as nx
 import torch
 import torch.fx as fx
 
 from ..analysis import GraphAnalysis, OpKind
-from ..analysis.ops import constant_value, packet
+from ..analysis.ops import RANDOM, constant_value, packet
 from ..analysis.sketch import dim_name
 from .chains import Chain
 from .sparsity import skippable_masks
@@ -474,6 +475,11 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     region_nodes = set(chain.nodes)
     if chain.escapes:
         raise FusionRefused("convexity", chain.escapes[0], "an intermediate value is also used outside the region")
+    for node in chain.inputs:
+        drawn = [a for a in (node, *nx.ancestors(analysis.dataflow, node)) if _is(a, *RANDOM)]
+        if drawn:
+            raise FusionRefused("randomness", drawn[0], "the region reads values drawn from the random number "
+                                "generator (dropout); it runs as written so that the draws stay the user's")
     for c in (first, second):
         if not _is(c, aten.bmm, aten.mm):
             raise FusionRefused("contraction", c, "only mm/bmm contractions are fused")
