@@ -12,7 +12,8 @@ inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every varia
 Rows append to ``benchmarks/results/<gpu-name>.csv`` (one row per variant, config, system).
 
 The ``beyond`` suite times the programs no template expresses against eager and
-torch.compile: differential attention (bf16; 32 heads of dim 64 in 16 pairs with V of width
+torch.compile: differential attention (``diff_attention``, and ``diff_transformer`` with λ
+from parameters and the per-head RMSNorm; bf16; 32 heads of dim 64 in 16 pairs with V of width
 128, and 16 heads of dim 128 in 8 pairs with V of width 256; seqlen 512 to 16k at batch ×
 seqlen = 16k), the Evoformer's gated row attention (batch 1, 8, 32; N_seq = S = 256; 4 heads;
 head dim 64 and 128; ``B`` in the CSV is batch × N_seq), sigmoid and ReLU attention (the
@@ -224,13 +225,15 @@ def beyond_cases(name: str, seqlens, device, dtype, tokens=16384):
     def rnd(*shape, scale=1.0):
         return (scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
 
-    if name == "diff_attention":
+    if name in ("diff_attention", "diff_transformer"):
         for heads, d in ((32, 64), (16, 128)):
             for S in seqlens:
                 B, H = max(1, tokens // S), heads // 2
                 args = rnd(B, heads, S, d), rnd(B, heads, S, d), rnd(B, H, S, 2 * d)
+                if name == "diff_transformer":  # λ's four parameter vectors and subln's weight
+                    args += tuple(rnd(d, scale=0.1) for _ in range(4)) + (1 + rnd(2 * d, scale=0.1),)
                 flops = 2 * B * heads * S * S * d + 2 * B * H * S * S * 2 * d
-                yield dict(B=B, H=heads, Hkv=heads, M=S, N=S, D=d, Dv=2 * d), V.diff_attention, args, flops
+                yield dict(B=B, H=heads, Hkv=heads, M=S, N=S, D=d, Dv=2 * d), getattr(V, name), args, flops
     elif name in ("evoformer_row", "evoformer_col"):
         n_seq = S = 256
         H = 4

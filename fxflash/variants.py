@@ -160,6 +160,23 @@ def diff_attention(q, k, v, lambda_full=0.5):
     return attn @ v
 
 
+def diff_transformer(q, k, v, lambda_q1, lambda_k1, lambda_q2, lambda_k2, subln_weight,
+                     lambda_init=0.8, eps=1e-5):
+    """The Diff Transformer's attention after its projections, as its code writes it: λ from
+    four parameter vectors, the pair difference, then ``subln`` (an RMSNorm of each head's
+    2D-wide output) and the ``1 - λ_init`` scale, heads merged at the end."""
+    lambda_full = (torch.exp(torch.sum(lambda_q1 * lambda_k1, dim=-1))
+                   - torch.exp(torch.sum(lambda_q2 * lambda_k2, dim=-1)) + lambda_init)
+    b, h2, m, _ = q.shape
+    attn = torch.softmax(q @ k.transpose(-1, -2) * q.size(-1) ** -0.5, dim=-1)
+    attn = attn.view(b, h2 // 2, 2, m, k.size(-2))
+    attn = attn[:, :, 0] - lambda_full * attn[:, :, 1]
+    o = attn @ v
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * subln_weight
+    o = o * (1 - lambda_init)
+    return o.transpose(1, 2).reshape(b, m, -1)
+
+
 def diff_attention_chunked(q, k, v, lambda_full=0.5):
     """Differential attention written as two attention calls on the halves of the heads."""
     q0, q1 = q.chunk(2, dim=1)
@@ -284,6 +301,13 @@ def _diff(s, dtype, device):
     return q, k, v
 
 
+def _diff_transformer(s, dtype, device):
+    g = torch.Generator().manual_seed(7)
+    lambdas = tuple((0.1 * torch.randn(s.D, generator=g)).to(dtype=dtype, device=device) for _ in range(4))
+    weight = (1 + 0.1 * torch.randn(2 * s.Dv, generator=g)).to(dtype=dtype, device=device)
+    return _diff(s, dtype, device) + lambdas + (weight,)
+
+
 def _diff_chunked(s, dtype, device):
     return _qkv(s, dtype, device, hq=2 * s.H, hkv=2 * s.H)[:2] + (
         _qkv(s, dtype, device, hkv=s.H)[2],
@@ -357,6 +381,7 @@ VARIANTS = {
         Variant("key_padding", key_padding, _with_key_mask),
         Variant("additive_mask", additive_mask, _with_bias),
         Variant("diff_attention", diff_attention, _diff),
+        Variant("diff_transformer", diff_transformer, _diff_transformer),
         Variant("diff_attention_chunked", diff_attention_chunked, _diff_chunked, chains=2),
         Variant("evoformer_row", evoformer_row, _evoformer, square=True),
         Variant("evoformer_col", evoformer_col, _evoformer_col, square=True),

@@ -14,7 +14,7 @@ SOFTMAX_FAMILY = [
     "additive_mask",
 ]
 BEYOND_TEMPLATE = [
-    "diff_attention", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",
+    "diff_attention", "diff_transformer", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",
     "softmax_one", "retention_norm",
 ]
 FUSED_VARIANTS = SOFTMAX_FAMILY + BEYOND_TEMPLATE
@@ -275,6 +275,15 @@ def test_differential_attention_is_one_kernel_with_two_streams():
     assert any(step.startswith("streams: 2") for step in region.steps)
     source = region.source
     assert "acc_amax_0" in source and "acc_amax_1" in source and "acc1 = tl.dot" in source
+
+
+def test_diff_transformers_rmsnorm_runs_in_the_epilogue():
+    variant = VARIANTS["diff_transformer"]
+    args = variant.inputs(SHAPES["odd"])
+    report = _fused_once(variant.fn, args, 1)
+    assert "rsqrt" not in report.rewritten.code and "mean" not in report.rewritten.code
+    assert "tl.sum(tl.where(dvc < DV" in report.regions[0].source  # the RMS over Dv, in one tile
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
 def test_differential_attention_with_lambda_computed_from_parameters():

@@ -25,6 +25,7 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..patterns.region import ROW as ROW_FORM, Region
+from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, MAX_HEAD_DIM, ONLINE_REDUCTIONS
 from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
 
@@ -636,6 +637,9 @@ class _Printer:
             if p in (aten.transpose, aten.permute):
                 self.vars[op] = self.vars[op.args[0]]
                 continue
+            if p in OUTPUT_REDUCTIONS:
+                self.vars[op] = self.reduce_output(op, names)
+                continue
             self.vars[op] = self.apply(op, [self.arg(a, tuple(names)) for a in op.args])
         offset = " + ".join(
             f"{name}{'.to(tl.int64)' if name.startswith('fb') or name == ROW else ''} * out_s{axis}"
@@ -644,6 +648,20 @@ class _Printer:
             self.param(f"out_s{axis}", ("out_stride", axis))
         self.post.append(f"tl.store(out_ptr + {offset}, {self.vars[r.output].code}.to(out_ptr.dtype.element_ty), "
                          f"mask=({ROW} < M) & ({DVC} < DV))")
+
+    def reduce_output(self, op: fx.Node, names: list) -> Value:
+        """A reduction over the output's last axis (whole in one tile): ``sum``, ``mean`` or
+        ``amax`` of the tile's Dv columns, the padded columns left out."""
+        if names[-1] != DVC:
+            raise Unprintable(f"{op.name}: an output reduction over an axis other than Dv")
+        x = self.vars[op.args[0]].code
+        p = packet(op.target)
+        fill = "float('-inf')" if p is aten.amax else "0.0"
+        combine = "max" if p is aten.amax else "sum"
+        code = f"tl.{combine}(tl.where({DVC} < DV, {x}, {fill}), 1, keep_dims=True)"
+        if p is aten.mean:
+            code = f"{code} / DV"
+        return self.place(code, False, "red")
 
     def finish(self, acc: str, scale, factors, stream) -> str:
         """An accumulated value of ``stream`` with its row factors applied. A value computed

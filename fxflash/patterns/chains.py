@@ -122,32 +122,67 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
     return Chain(first, second, demoted, sorted(reductions, key=order.__getitem__), ordered, inputs, escapes)
 
 
+OUTPUT_REDUCTIONS = {aten.sum, aten.mean, aten.amax}
+
+
+def _is_output_op(analysis: GraphAnalysis, node: fx.Node, last: fx.Node) -> bool:
+    """An op the output tile can go through: it keeps the tile's elements (elementwise ops,
+    transposes) or reduces its last axis with keepdim (sum, mean, amax)."""
+    kind, p = analysis.kinds.get(node), packet(node.target)
+    val = node.meta.get("val")
+    if node.op != "call_function" or not isinstance(val, torch.Tensor):
+        return False
+    tile = last.meta["val"].numel()
+    if kind is OpKind.REDUCTION:
+        src = node.args[0].meta["val"]
+        dims = node.args[1] if len(node.args) > 1 else None
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        return (p in OUTPUT_REDUCTIONS and src.numel() == tile and keepdim and dims is not None
+                and [d % src.dim() for d in dims] == [src.dim() - 1] and node.kwargs.get("dtype") is None)
+    if p in EPILOGUE_LAYOUTS:
+        return val.numel() == tile
+    rows = tile // max(1, int(last.meta["val"].shape[-1]))
+    return kind is OpKind.ELEMENTWISE and val.numel() in (tile, rows)  # per element, or per row
+
+
 def _output_ops(analysis: GraphAnalysis, last: fx.Node, nodes: set, others: set) -> list:
-    """The single-user run of transposes and elementwise ops after ``last`` whose other inputs
-    depend neither on this region nor on another chain's (they are loaded, or computed, per
-    output tile)."""
-    ops, inside = [], set(nodes) | others
+    """The ops after ``last`` that the kernel can apply to its output tile: transposes,
+    elementwise ops whose other inputs depend neither on this region nor on another chain's
+    (they are loaded, or computed, per output tile) and reductions over the output's last
+    axis (an RMSNorm of each head), grown while they form a DAG with ``last`` as its only
+    entry and one value leaving it."""
     g = analysis.dataflow
-    while len(last.users) == 1:
-        (user,) = last.users
-        if user.op != "call_function":
+    inside = set(nodes) | others
+    taken: list = []
+    grown = True
+    while grown:
+        grown = False
+        for node in [u for t in (last, *taken) for u in t.users]:
+            if node in taken or not _is_output_op(analysis, node, last):
+                continue
+            outer = [a for a in node.all_input_nodes if a is not last and a not in taken]
+            if any(a in inside or nx.ancestors(g, a) & (inside | set(taken)) for a in outer):
+                continue
+            taken.append(node)
+            grown = True
+    order = {n: i for i, n in enumerate(last.graph.nodes)}
+    taken.sort(key=order.__getitem__)
+    # keep the longest prefix (in graph order) from which exactly one value leaves
+    while taken:
+        group = {last, *taken}
+        leaving = [n for n in group if any(u not in group for u in n.users)]
+        if leaving == [taken[-1]] and _ends_full(taken[-1], last):
             break
-        kind, p = analysis.kinds.get(user), packet(user.target)
-        others = [a for a in user.all_input_nodes if a is not last]
-        if kind is OpKind.ELEMENTWISE:
-            if any(a in inside or nx.ancestors(g, a) & inside for a in others):
-                break
-            if tuple(user.meta["val"].shape) != tuple(last.meta["val"].shape):
-                break  # an op that broadcasts the output up
-        elif p not in EPILOGUE_LAYOUTS:
-            break
-        ops.append(user)
-        inside.add(user)
-        last = user
-    # a transpose is worth taking only when an elementwise op after it reads the new order
-    while ops and packet(ops[-1].target) in EPILOGUE_LAYOUTS:
-        ops.pop()
-    return ops
+        taken.pop()
+    # a transpose is worth taking only when an op after it reads the new order
+    while taken and packet(taken[-1].target) in EPILOGUE_LAYOUTS:
+        taken.pop()
+    return taken
+
+
+def _ends_full(out: fx.Node, last: fx.Node) -> bool:
+    """The region's result has as many elements as its output tile (no broadcast up or down)."""
+    return out.meta["val"].numel() == last.meta["val"].numel()
 
 
 def find_chains(analysis: GraphAnalysis) -> list[Chain]:
