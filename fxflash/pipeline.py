@@ -74,11 +74,11 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
             region = build_region(analysis, chain)
             _check_device(region)
             plan = emit_kernel(region, analysis.kinds, autotune=_autotune(region))
+            kernel = load_kernel(plan.source, plan.name)
+            replace_region(rewritten, region, plan, kernel, node_map)
         except (FusionRefused, Unprintable) as exc:
             regions.append(_region_report(analysis, chain, False, str(exc)))
             continue
-        kernel = load_kernel(plan.source, plan.name)
-        replace_region(rewritten, region, plan, kernel, node_map)
         regions.append(_region_report(analysis, chain, True, "", plan.source, region.steps))
     rewritten.graph.eliminate_dead_code()
     rewritten.recompile()

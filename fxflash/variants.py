@@ -211,6 +211,19 @@ def evoformer_col(q, k, v, mask, gate):
     return o * torch.sigmoid(gate)
 
 
+def invariant_point_attention(q, k, qp, kp, v, pair_bias, head_weights, points=4):
+    """AlphaFold's invariant point attention with its squared point distances expanded:
+    ``|x_i − y_j|² = |x_i|² + |y_j|² − 2·x_i·y_j`` turns the point term into a second
+    contraction of the scores. q, k ``[B, H, S, C]``; qp, kp ``[B, H, S, 3·P]`` (points in
+    the global frame); pair_bias ``[B, H, S, S]``; head_weights ``[H]`` (softplus → γ)."""
+    w_c = math.sqrt(2.0 / (9.0 * points))
+    w_l = math.sqrt(1.0 / 3.0)
+    gamma = F.softplus(head_weights)[:, None, None] * w_c / 2
+    sq_dist = (qp * qp).sum(-1, keepdim=True) + (kp * kp).sum(-1)[..., None, :] - 2 * qp @ kp.transpose(-1, -2)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + pair_bias - gamma * sq_dist
+    return torch.softmax(w_l * s, dim=-1) @ v
+
+
 # ---------------------------------------------------------------- other normalizations
 def sigmoid_attention(q, k, v):
     """Sigmoid attention (Ramapuram et al., 2024): ``sigmoid(QKᵀ/√d + b)·V`` with b = -log N."""
@@ -335,6 +348,17 @@ def _evoformer_col(s, dtype, device):
     return q, k, v, mask, gate
 
 
+def _ipa(s, dtype, device):
+    g = torch.Generator().manual_seed(9)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
+
+    q, k, v = _qkv(s, dtype, device, hkv=s.H)
+    qp, kp = rnd(s.B, s.H, s.M, 12), rnd(s.B, s.H, s.N, 12)
+    return q, k, qp, kp, v, rnd(s.B, s.H, s.M, s.N), rnd(s.H)
+
+
 def _mlp(s, dtype, device):
     g = torch.Generator().manual_seed(5)
     return tuple(torch.randn(*sh, generator=g).to(dtype=dtype, device=device)
@@ -385,6 +409,7 @@ VARIANTS = {
         Variant("diff_attention_chunked", diff_attention_chunked, _diff_chunked, chains=2),
         Variant("evoformer_row", evoformer_row, _evoformer, square=True),
         Variant("evoformer_col", evoformer_col, _evoformer_col, square=True),
+        Variant("invariant_point_attention", invariant_point_attention, _ipa),
         Variant("sigmoid_attention", sigmoid_attention, _mha),
         Variant("relu_attention", relu_attention, _mha),
         Variant("softmax_one", softmax_one, _mha),

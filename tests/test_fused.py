@@ -1,5 +1,6 @@
 """Fused kernels (Triton interpreter on CPU): one kernel per attention, eager's accuracy."""
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ SOFTMAX_FAMILY = [
 ]
 BEYOND_TEMPLATE = [
     "diff_attention", "diff_transformer", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",
-    "softmax_one", "retention_norm",
+    "softmax_one", "retention_norm", "invariant_point_attention",
 ]
 FUSED_VARIANTS = SOFTMAX_FAMILY + BEYOND_TEMPLATE
 SHAPES = {
@@ -346,3 +347,42 @@ def test_a_scalar_scale_of_q_is_applied_to_the_loaded_tile_not_copied():
         assert "mul" not in before  # q * d**-0.5 is no longer an eager pass over q
         assert "q = (q.to(tl.float32) * " in report.regions[0].source
         assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def _lse_in_the_exponent(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return torch.exp(s - lse) @ v, lse
+
+
+def _lse_beside_softmax(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.softmax(s, -1) @ v, s.logsumexp(-1)
+
+
+def _lse_by_hand(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    return (e / total) @ v, (m + total.log()).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("fn", [_lse_in_the_exponent, _lse_beside_softmax, _lse_by_hand], ids=lambda f: f.__name__)
+def test_the_row_logsumexp_is_returned_beside_the_output(fn, dtype):
+    args = VARIANTS["vanilla"].inputs(SHAPES["odd"], dtype)
+    report = _fused_once(fn, args, 1)
+    assert "side0_ptr" in report.regions[0].source
+    out, lse = fxflash.optimize(fn)(*args)
+    assert_accurate(lambda *a: fn(*a)[0], args, out)
+    assert_accurate(lambda *a: fn(*a)[1], args, lse)
+
+
+def test_a_second_score_contraction_is_computed_per_tile():
+    variant = VARIANTS["invariant_point_attention"]
+    args = variant.inputs(SHAPES["odd"])
+    report = _fused_once(variant.fn, args, 1)
+    assert "sx0 = tl.dot(qx0, kx0" in report.regions[0].source  # q'·k'ᵀ beside q·kᵀ, never materialized
+    assert "(tl.float32) * 2.0).to(" in report.regions[0].source  # the 2· of 2·qp folded into its tile
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))

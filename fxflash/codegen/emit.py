@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
-from ..patterns.region import ROW as ROW_FORM, Region
+from ..patterns.region import ROW as ROW_FORM, ROW_LAYOUTS, Region
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, MAX_HEAD_DIM, ONLINE_REDUCTIONS
 from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
@@ -51,6 +51,8 @@ class KernelPlan:
     autotuned: bool = False
     elem_bytes: int = 2
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
+    side_dtypes: tuple = ()  # dtypes of the row values stored beside the output (a logsumexp)
+    partner_dims: tuple = ()  # head dims of further score contractions
     streams: int = 1         # score maps per program (tile_configs)
     accumulators: int = 1    # [BLOCK_M, Dv] fp32 accumulators per program
     out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
@@ -218,6 +220,8 @@ class _Printer:
         return tuple(None if s == 1 else e for s, e in zip(shape, tail))
 
     def node_idx(self, node: fx.Node) -> tuple:
+        if node in self.r.squeezed:  # a row value without its reduced axis: [*batch, M]
+            return self.idx_of(node, self.frame_idx[:-1])
         return self.idx_of(node, self.frame_idx)
 
     def arg(self, a, idx: tuple) -> Value:
@@ -480,6 +484,8 @@ class _Printer:
             self.loop += _scaled("k" + x, r.k)
             self.loop.append(f"s{x} = tl.dot(q{x}, k{x}{precision})")
             self.vars[r.frame] = Value(f"s{x}", True)
+            for j, partner in enumerate(r.partners):
+                self.partner_scores(j, partner, precision)
             # accumulator state: one online value per reduction and stream
             for red in r.reductions:
                 combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
@@ -513,6 +519,21 @@ class _Printer:
                           autotuned=bool(configs), index_bound=self.index_bound,
                           elem_bytes=r.q.node.meta["val"].element_size(),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None)
+
+    def partner_scores(self, j: int, partner, precision: str) -> None:
+        """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
+        pad = partner.d != _pow2(partner.d)
+        self.pre.append(f"offs_dx{j} = tl.arange(0, DXP{j})")
+        (q_ptr,), q_mask = self.operand(f"qx{j}", partner.q, ROW, f"offs_dx{j}[None, :]", f"{ROW} < M",
+                                        f"offs_dx{j}[None, :] < DX{j}" if pad else None)
+        (k_ptr,), k_mask = self.operand(f"kx{j}", partner.k, f"offs_dx{j}[:, None]", COL,
+                                        f"offs_dx{j}[:, None] < DX{j}" if pad else None, "col_ok")
+        self.pre.append(f"qx{j} = tl.load({q_ptr}, mask={q_mask}, other=0.0)")
+        self.pre += _scaled(f"qx{j}", partner.q)
+        self.loop.append(f"kx{j} = tl.load({k_ptr}, mask={k_mask}, other=0.0)")
+        self.loop += _scaled(f"kx{j}", partner.k)
+        self.loop.append(f"sx{j} = tl.dot(qx{j}, kx{j}{precision})")
+        self.vars[partner.view] = Value(f"sx{j}", True)
 
     def dag_node(self, node: fx.Node, reductions: dict) -> None:
         split = self.r.split
@@ -604,9 +625,15 @@ class _Printer:
                     red = reductions[node]
                     value = self.finish(f"acc_{node.name}{x}", red.scale, red.factors, st)
                     self.vars[node] = self.place(value, False, "row")
+                elif packet(node.target) in ROW_LAYOUTS:
+                    self.vars[node] = self.vars[node.args[0]]  # a row value's unit axis dropped or restored
                 else:
                     idx = self.node_idx(node)
                     self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
+        for i, node in enumerate(r.side_outputs):
+            ptr = self.param(f"side{i}_ptr", ("side", i))
+            self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, "
+                             f"{self.vars[node].code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
         parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors, form.stream)}"
                  for t, (sign, _, form) in enumerate(terms)]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
@@ -724,7 +751,8 @@ class _Printer:
         ``col_ok`` is a constant true the compiler folds away (no bound checks, no masking of
         the reductions), then over the one partial tile, if any, with the checks."""
         params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr"])
+                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
+                            *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners)))])
         body = ["    " + line for line in self.pre]
         body += ["    " + line for line in self.tile_range()]
         body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
@@ -824,15 +852,23 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region", autot
     With ``autotune``, the kernel is decorated with ``triton.autotune`` over TILE_CONFIGS."""
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1
-    configs = tile_configs(region.D, region.Dv, elem_bytes, streams, len(region.terms)) if autotune else None
+    # further score contractions hold their Q' and K' tiles too: counted as a wider head dim
+    d = region.D + sum(_pow2(p.d) for p in region.partners)
+    configs = tile_configs(d, region.Dv, elem_bytes, streams, len(region.terms)) if autotune else None
     plan = _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
     plan.streams, plan.accumulators = streams, len(region.terms)
+    plan.side_dtypes = tuple(n.meta["val"].dtype for n in region.side_outputs)
+    plan.partner_dims = tuple(p.d for p in region.partners)
     return plan
 
 
 def block_dims_of(plan: KernelPlan) -> dict:
-    """The head-dim constexprs: D and Dv, and their power-of-two tile widths."""
-    return {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+    """The head-dim constexprs: D and Dv, those of further score contractions, and their
+    power-of-two tile widths."""
+    dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+    for j, d in enumerate(plan.partner_dims):
+        dims.update({f"DX{j}": d, f"DXP{j}": _pow2(d)})
+    return dims
 
 
 __all__ = ["KernelPlan", "Unprintable", "block_dims_of", "emit_kernel"]

@@ -7,7 +7,7 @@ import torch
 import triton
 
 from ..config import interpreting
-from .emit import KernelPlan, block_dims_of, tile_configs
+from .emit import KernelPlan, _pow2, block_dims_of, tile_configs
 
 
 
@@ -16,7 +16,8 @@ def tile_config(plan: KernelPlan, device: torch.device) -> dict:
     small test shapes cross several tiles; otherwise the first autotuning candidate."""
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-    bm, bn, warps, stages = tile_configs(plan.d, plan.dv, plan.elem_bytes, plan.streams, plan.accumulators)[0]
+    bm, bn, warps, stages = tile_configs(plan.d + sum(_pow2(d) for d in plan.partner_dims), plan.dv, plan.elem_bytes, plan.streams,
+                                         plan.accumulators)[0]
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
@@ -30,10 +31,12 @@ def empty_output(plan: KernelPlan, shape: list, like: torch.Tensor) -> torch.Ten
     return like.new_empty([shape[a] for a in order], dtype=plan.out_dtype).permute(inverse)
 
 
-def _arg(spec, inputs, frame, out):
+def _arg(spec, inputs, frame, out, sides):
     kind = spec[0]
     if kind == "out_stride":
         return out.stride(spec[1])
+    if kind == "side":
+        return sides[spec[1]]
     if kind == "ptr":
         return inputs[spec[1]]
     if kind == "stride":
@@ -45,19 +48,21 @@ def _arg(spec, inputs, frame, out):
     raise ValueError(spec)
 
 
-def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shape: list) -> torch.Tensor:
-    """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shape`` the result's shape."""
+def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list) -> list:
+    """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shapes`` the shapes of the
+    result and of the row values stored beside it. Returns [result, *row values]."""
     device = inputs[0].device
-    out = empty_output(plan, out_shape, inputs[0])
+    out = empty_output(plan, out_shapes[0], inputs[0])
+    sides = [inputs[0].new_empty(shape, dtype=dtype) for shape, dtype in zip(out_shapes[1:], plan.side_dtypes)]
     batch = math.prod(frame[:-2])
-    args = [_arg(spec, inputs, frame, out) for spec in plan.args]
+    args = [_arg(spec, inputs, frame, out, sides) for spec in plan.args]
     if plan.autotuned:
         def grid(meta):
             return (triton.cdiv(frame[-2], meta["BLOCK_M"]) * batch,)
 
         kernel[grid](out, *args, **block_dims_of(plan))
-        return out
+        return [out, *sides]
     cfg = tile_config(plan, device)
     grid = (triton.cdiv(frame[-2], cfg["BLOCK_M"]) * batch,)
     kernel[grid](out, *args, **block_dims_of(plan), **cfg)
-    return out
+    return [out, *sides]

@@ -2,9 +2,11 @@
 
 ``region(key, inputs, sizes, scalars)`` runs the generated kernel registered under ``key`` on
 ``inputs`` (the tensors the kernel reads). ``sizes`` holds the frame sizes ``[*batch, M, N]``,
-then the result's shape, then the integer sizes the region's own ops read (symbolic under
-``dynamic=True``); ``scalars`` the float values they read (``size(-1) ** -0.5``). The
-result is a new tensor, contiguous or in eager's layout of the region's last op. Its fake implementation gives the shape and
+then the shapes of the results, then the integer sizes the region's own ops read (symbolic
+under ``dynamic=True``); ``scalars`` the float values they read (``size(-1) ** -0.5``). It
+returns ``[result, *row values]``: the result is a new tensor, contiguous or in eager's
+layout of the region's last op; the row values (a logsumexp returned by the user's code)
+are contiguous. Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula recomputes the region's own subgraph
 with eager autograd (no fused backward yet), so training through a fused region is exact.
 """
@@ -25,25 +27,30 @@ from .launch import empty_output, launch
 class RegisteredRegion:
     plan: KernelPlan
     kernel: object
-    reference: fx.GraphModule  # (inputs, extras) → the region's output: the replaced ops
-    out_rank: int
+    reference: fx.GraphModule  # (inputs, extras) → the region's outputs: the replaced ops
+    out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
 
     def split(self, sizes):
+        """(frame sizes, [shape of each output], extra integer sizes) from ``sizes``."""
         nf = self.plan.frame_rank + 2
-        return sizes[:nf], sizes[nf:nf + self.out_rank], sizes[nf + self.out_rank:]
+        shapes, at = [], nf
+        for rank in self.out_ranks:
+            shapes.append(list(sizes[at:at + rank]))
+            at += rank
+        return sizes[:nf], shapes, sizes[at:]
 
     def extras(self, sizes, scalars) -> list:
         ints, floats = iter(self.split(sizes)[2]), iter(scalars)
         return [next(floats) if f else next(ints) for f in self.extra_is_float]
 
-    def run(self, inputs, sizes, scalars):
-        frame, out_shape, _ = self.split(sizes)
-        if any(s == 0 for s in frame) or any(s == 0 for s in out_shape) or not self.plan.int32_index_ok(frame):
+    def run(self, inputs, sizes, scalars) -> list:
+        frame, shapes, _ = self.split(sizes)
+        if any(s == 0 for s in frame) or any(s == 0 for s in shapes[0]) or not self.plan.int32_index_ok(frame):
             # nothing to tile (eager's semantics for empty sums), or sizes so large that the
             # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
-            return self.reference(*inputs, *self.extras(sizes, scalars))
-        return launch(self.plan, self.kernel, inputs, frame, out_shape)
+            return list(self.reference(*inputs, *self.extras(sizes, scalars)))
+        return launch(self.plan, self.kernel, inputs, frame, shapes)
 
 
 _REGISTRY: dict[str, RegisteredRegion] = {}
@@ -69,15 +76,16 @@ def registered(key: str) -> RegisteredRegion:
 
 
 @torch.library.custom_op("fxflash::region", mutates_args=())
-def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list[float]) -> torch.Tensor:
+def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list[float]) -> list[torch.Tensor]:
     return registered(key).run(inputs, sizes, scalars)
 
 
 @region.register_fake
 def _region_fake(key, inputs, sizes, scalars):
     entry = registered(key)
-    _, out_shape, _ = entry.split(sizes)
-    return empty_output(entry.plan, out_shape, inputs[0])
+    _, shapes, _ = entry.split(sizes)
+    sides = [inputs[0].new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes[1:], entry.plan.side_dtypes)]
+    return [empty_output(entry.plan, shapes[0], inputs[0]), *sides]
 
 
 def _setup_context(ctx, inputs, output):
@@ -90,13 +98,15 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*tensors)
 
 
-def _backward(ctx, grad):
+def _backward(ctx, grads_out):
     tensors = ctx.saved_tensors
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, ctx.needs)]
-        out = registered(ctx.key).reference(*leaves, *ctx.extra)
+        outs = registered(ctx.key).reference(*leaves, *ctx.extra)
+        pairs = [(o, g) for o, g in zip(outs, grads_out) if g is not None and o.requires_grad]
         wanted = [leaf for leaf, need in zip(leaves, ctx.needs) if need]
-        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                     if pairs else [None] * len(wanted))
     return None, [next(grads) if need else None for need in ctx.needs], None, ctx.no_scalars
 
 

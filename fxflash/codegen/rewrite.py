@@ -1,19 +1,22 @@
 """Rewrite: replace each fused region's nodes by one call to ``fxflash::region``."""
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
-from ..patterns.region import Region
+from ..patterns.region import FusionRefused, Region
 from .emit import KernelPlan
 from .op import RegisteredRegion, register
 
 
-def reference_subgraph(output: fx.Node, inputs: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
-    """The ops that compute ``output`` from ``inputs``, as a GraphModule of its own. Values
-    that are not tensors (sizes, symbolic or read off another tensor) become its extra
-    trailing inputs; they are returned too."""
-    needed, stack, extra = [], [output], []
+def reference_subgraph(outputs: list[fx.Node], inputs: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
+    """The ops that compute ``outputs`` from ``inputs``, as a GraphModule of its own that
+    returns them as a tuple. Values that are not tensors (sizes, symbolic or read off another
+    tensor) become its extra trailing inputs; they are returned too."""
+    output = outputs[0]
+    needed, stack, extra = [], list(outputs), []
     seen = set(inputs)
     while stack:
         node = stack.pop()
@@ -36,7 +39,7 @@ def reference_subgraph(output: fx.Node, inputs: list[fx.Node]) -> tuple[fx.Graph
         env[node].meta = dict(node.meta)
     for node in sorted(needed, key=order.__getitem__):
         env[node] = graph.node_copy(node, lambda n: env[n])
-    graph.output(env[output])
+    graph.output(tuple(env[o] for o in outputs))
     owner = output.graph.owning_module
     return fx.GraphModule(owner if owner is not None else torch.nn.Module(), graph), extra
 
@@ -66,23 +69,42 @@ def _size_arg(gm: fx.GraphModule, size, sources: list):
     raise SymbolicSizeUnavailable(f"size {size} is not a size of the region's inputs")
 
 
+def _insertion_point(gm: fx.GraphModule, results: list, region: set) -> fx.Node:
+    """The first node that reads one of the region's results from outside the region."""
+    for node in gm.graph.nodes:
+        if node not in region and any(r in node.all_input_nodes for r in results):
+            return node
+    return results[0]
+
+
 def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel, node_map: dict) -> str:
     """Insert the custom-op call into ``gm`` (a copy of the analysed graph; ``node_map`` maps
     the analysed nodes to its nodes) and redirect the region output's users to it. The
     replaced nodes become dead and are removed by the caller's dead-code elimination."""
-    reference, extra = reference_subgraph(region.output, plan.input_nodes)
+    results = [region.output, *region.side_outputs]
+    reference, extra = reference_subgraph(results, plan.input_nodes)
     output = node_map[region.output]
     inputs = [node_map[n] for n in plan.input_nodes]
     sources = [node_map[n] for n in plan.input_nodes] + [n for n in gm.graph.nodes if n.op == "placeholder"]
-    out_val = region.output.meta["val"]
-    with gm.graph.inserting_before(output):
+    inside = {node_map[n] for n in region.nodes}
+    at = _insertion_point(gm, [node_map[r] for r in results], inside)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    late = [n for n in inputs if order[n] >= order[at]]
+    if late:
+        raise FusionRefused("rewrite", late[0], "a value the region returns is used before one of its inputs "
+                            "is computed; the region stays as written")
+    with gm.graph.inserting_before(at):
         frame = [_size_arg(gm, s, sources) for s in region.out_frame_shape]
-        out_shape = [_size_arg(gm, s, sources) for s in out_val.shape]
+        shapes = [_size_arg(gm, s, sources) for r in results for s in r.meta["val"].shape]
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
-        key = register(RegisteredRegion(plan, kernel, reference, out_val.dim(), is_float))
-        sizes = frame + out_shape + [node_map[n] for n, f in zip(extra, is_float) if not f]
+        ranks = tuple(r.meta["val"].dim() for r in results)
+        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float))
+        sizes = frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
         scalars = [node_map[n] for n, f in zip(extra, is_float) if f]
         call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes, scalars))
-    call.meta["val"] = region.output.meta["val"]
-    output.replace_all_uses_with(call)
+        call.meta["val"] = [r.meta["val"] for r in results]
+        for i, result in enumerate(results):
+            item = gm.graph.call_function(operator.getitem, (call, i))
+            item.meta["val"] = result.meta["val"]
+            node_map[result].replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
     return key

@@ -42,7 +42,9 @@ class Chain:
     reductions:     the reductions over ``N`` between them (``amax``, ``sum``).
     nodes:          every node of the region, in graph order; the last is its output.
     inputs:         nodes outside the region that it reads.
-    escapes:        region nodes other than the output that are used outside the region.
+    escapes:        region nodes other than the output that are used outside the region
+                    (allowed when they are row values: the logsumexp returned beside O).
+    output:         the node whose value the region's main result replaces.
     """
 
     first: fx.Node
@@ -52,11 +54,9 @@ class Chain:
     nodes: list
     inputs: list
     escapes: list
+    output: fx.Node = None
     output_ops: list = dataclasses.field(default_factory=list)
-
-    @property
-    def output(self) -> fx.Node:
-        return self.nodes[-1]
+    partners: list = dataclasses.field(default_factory=list)  # [[ops…, view, contraction]] added to S
 
     def describe(self) -> str:
         return (
@@ -104,7 +104,7 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
     if not reductions and (not all(packet(c.target) is aten.bmm for c in (first, second))
                            or not any(analysis.kinds[n] is OpKind.ELEMENTWISE for n in between)):
         return None
-    nodes = between | {first, second}
+    nodes = between | {first, second} | _side_branches(analysis, between | {first}, second, demoted)
     last = second
     while len(last.users) == 1:
         (user,) = last.users
@@ -118,8 +118,34 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
     inputs = sorted(
         {i for n in ordered for i in n.all_input_nodes if i not in nodes}, key=order.__getitem__
     )
-    escapes = [n for n in ordered[:-1] if any(u not in nodes for u in n.users)]
-    return Chain(first, second, demoted, sorted(reductions, key=order.__getitem__), ordered, inputs, escapes)
+    escapes = [n for n in ordered if n is not last and any(u not in nodes for u in n.users)]
+    reductions = [n for n in ordered if analysis.kinds[n] is OpKind.REDUCTION]
+    return Chain(first, second, demoted, reductions, ordered, inputs, escapes, last)
+
+
+def _side_branches(analysis: GraphAnalysis, region: set, second: fx.Node, demoted: tuple) -> set:
+    """Ops that compute further values from the scores without reaching the consumer — the
+    ``logsumexp`` of the scores returned beside the output: elementwise, layout and
+    reductions over N whose other inputs do not depend on the region. Whether their results
+    may leave the region (row values only) is the fusion rules' decision."""
+    g = analysis.dataflow
+    side: set = set()
+    grown = True
+    while grown:
+        grown = False
+        for node in [u for n in region | side for u in n.users]:
+            if node in region or node in side or node is second or node.op != "call_function":
+                continue
+            if analysis.kinds.get(node) not in INNER_KINDS:
+                continue
+            if analysis.kinds[node] is OpKind.REDUCTION and not _reduces_only(analysis, node, demoted):
+                continue
+            outer = [a for a in node.all_input_nodes if a not in region and a not in side]
+            if any(nx.ancestors(g, a) & (region | side) for a in outer):
+                continue
+            side.add(node)
+            grown = True
+    return side
 
 
 OUTPUT_REDUCTIONS = {aten.sum, aten.mean, aten.amax}
@@ -185,6 +211,39 @@ def _ends_full(out: fx.Node, last: fx.Node) -> bool:
     return out.meta["val"].numel() == last.meta["val"].numel()
 
 
+def _score_partners(analysis: GraphAnalysis, chain: Chain, others: set) -> list:
+    """Further contractions added to the scores, ``S = Q1·K1ᵀ + Q2·K2ᵀ + b`` (AlphaFold's
+    invariant point attention once its squared distances are expanded): a ``bmm`` whose rows
+    and columns are the producer's ``M`` and ``N``, read by the region only, through the view
+    that restores its batch axes and elementwise ops (a scale, a bias) used by nothing else.
+    Returns the nodes of each such path, the contraction last; the kernel computes it per
+    key tile and the ops on the path in the score DAG."""
+    dims = analysis.dims
+    first_axes = [dims.dim_id(a) for a in dims.axes[chain.first][-2:]]
+    inside = set(chain.nodes)
+
+    def path_to_contraction(node, seen):
+        if node.op != "call_function" or node in others or not all(u in seen for u in node.users):
+            return None
+        if packet(node.target) is aten.bmm:
+            return [node] if [dims.dim_id(a) for a in dims.axes[node][-2:]] == first_axes else None
+        if analysis.kinds.get(node) is not OpKind.ELEMENTWISE and packet(node.target) not in TRAILING_VIEWS:
+            return None
+        for arg in node.all_input_nodes:
+            path = path_to_contraction(arg, seen | {node})
+            if path:
+                return [node, *path]
+        return None
+
+    partners = []
+    for node in chain.inputs:
+        path = path_to_contraction(node, inside)
+        if path and len(path) >= 2 and packet(path[-2].target) in TRAILING_VIEWS:
+            partners.append(path)
+            inside.update(path)
+    return partners
+
+
 def find_chains(analysis: GraphAnalysis) -> list[Chain]:
     """Every chain in the graph; for each producer, the nearest consumer that closes one."""
     order = _graph_order(analysis)
@@ -199,7 +258,11 @@ def find_chains(analysis: GraphAnalysis) -> list[Chain]:
                 break
     for chain in chains:
         others = {n for c in chains if c is not chain for n in c.nodes}
+        chain.partners = _score_partners(analysis, chain, others)
+        chain.nodes = sorted(set(chain.nodes).union(*chain.partners), key=order.__getitem__)
         chain.output_ops = _output_ops(analysis, chain.output, set(chain.nodes), others)
+        if chain.output_ops:
+            chain.output = chain.output_ops[-1]
         chain.nodes = sorted(set(chain.nodes) | set(chain.output_ops), key=order.__getitem__)
         chain.inputs = sorted({i for n in chain.nodes for i in n.all_input_nodes if i not in chain.nodes},
                               key=order.__getitem__)

@@ -157,6 +157,9 @@ class Region:
     Dv: int
     passthrough: dict = dataclasses.field(default_factory=dict)
     output_ops: list = dataclasses.field(default_factory=list)  # applied to the output tile
+    side_outputs: list = dataclasses.field(default_factory=list)  # row values returned too (lse)
+    squeezed: set = dataclasses.field(default_factory=set)  # row values shaped [*batch, M]
+    partners: list = dataclasses.field(default_factory=list)  # further score contractions
     split: StreamSplit | None = None   # several streams selected from the score frame
     combined: set = dataclasses.field(default_factory=set)  # DAG nodes in the output frame
     tile_masks: list = dataclasses.field(default_factory=list)
@@ -266,6 +269,17 @@ def _p_in_frame(second: fx.Node, region_nodes: set) -> tuple[fx.Node, list]:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScorePartner:
+    """A further contraction added to the scores: ``view`` (its value in the score frame) is
+    ``Q'·K'ᵀ`` with head dim ``d``, computed per key tile beside ``Q·Kᵀ``."""
+
+    view: fx.Node
+    q: "Operand"
+    k: "Operand"
+    d: int
+
+
+@dataclasses.dataclass(frozen=True)
 class StreamSplit:
     """Several streams over the same keys (differential attention): the score frame
     ``[*, X·S, M, N]`` is viewed as ``[*, X, S, M, N]`` (or ``[*, S, X, M, N]``) and each of the
@@ -325,6 +339,7 @@ class _FormInference:
         self.steps: list = []
         self.absorbed: set = set()
         self.passthrough: dict = {}  # node → the argument whose tile value it is (row factor deferred)
+        self.squeezed: set = set()   # row values without the reduced axis: [*batch, M]
 
     def form(self, arg) -> Form:
         if isinstance(arg, fx.Node) and arg in self.forms:
@@ -377,8 +392,10 @@ class _FormInference:
         dims = node.args[1] if len(node.args) > 1 else None
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         rank = len(_shape(node.args[0]))
-        if dims is None or [d % rank for d in dims] != [rank - 1] or not keepdim:
-            raise FusionRefused("online reduction", node, "only reductions over the last axis with keepdim=True are fused")
+        if dims is None or [d % rank for d in dims] != [rank - 1]:
+            raise FusionRefused("online reduction", node, "only reductions over the last axis are fused")
+        if not keepdim:
+            self.squeezed.add(node)
         if node.kwargs.get("dtype") is not None:
             raise FusionRefused("online reduction", node, "reductions with a dtype argument are not fused")
         if src.kind == "plain":
@@ -400,7 +417,10 @@ class _FormInference:
                 and arg.kwargs.get("alpha", 1) == 1)
 
     def _online_max_of(self, x: fx.Node) -> fx.Node | None:
-        return next((r.node for r in self.reductions if r.combine == "max" and r.source is x), None)
+        """The online maximum of ``x``, or of ``x`` through float casts (``E(x - m)·E(m - r)``
+        holds for any ``m``; the maximum keeps the exponent at most about zero)."""
+        base = _uncast(x)
+        return next((r.node for r in self.reductions if r.combine == "max" and _uncast(r.source) is base), None)
 
     def _homomorphism(self, node: fx.Node, shifted: fx.Node) -> Form:
         """``E(x - r)``: computed as ``E(x - m)`` against the running maximum ``m`` of ``x`` and
@@ -465,6 +485,12 @@ class _FormInference:
                             f"{args[i].name if isinstance(args[i], fx.Node) else args[i]}")
 
 
+def _uncast(node):
+    while _is(node, aten._to_copy) and node.kwargs.get("dtype") in FLOAT_DTYPES and len(node.kwargs) == 1:
+        node = node.args[0]
+    return node
+
+
 def _is_zero(arg) -> bool:
     return constant_value(arg, None) == 0
 
@@ -473,8 +499,6 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     """Apply the three transformations to ``chain``; raise FusionRefused where a rule fails."""
     first, second = chain.first, chain.second
     region_nodes = set(chain.nodes)
-    if chain.escapes:
-        raise FusionRefused("convexity", chain.escapes[0], "an intermediate value is also used outside the region")
     for node in chain.inputs:
         drawn = [a for a in (node, *nx.ancestors(analysis.dataflow, node)) if _is(a, *RANDOM)]
         if drawn:
@@ -498,10 +522,24 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     p_node, p_walk = _p_in_frame(second, region_nodes)
     out_shape = _shape(p_node)
     split = None if out_shape == frame_shape else _stream_split(frame_shape, out_shape, region_nodes)
-    tail = chain.nodes[chain.nodes.index(second):]
+    after = nx.descendants(analysis.dataflow, second)
+    tail = [n for n in chain.nodes if n is second or n in after]  # the consumer and its output ops
     infer = _FormInference(frame, N, split)
     dag = []
-    skip = {first, frame, *p_walk, *tail}
+    partners = []
+    for path in chain.partners:
+        mm, view = path[-1], path[-2]
+        if _shape(view) != frame_shape or not _is(mm, aten.bmm):
+            raise FusionRefused("score DAG", mm, "a further contraction in the scores that is not in their frame")
+        dx = int(_shape(mm.args[0])[-1])
+        if dx > MAX_HEAD_DIM:
+            raise FusionRefused("dimension elimination", mm, f"head dim {dx} must fit one tile (≤ {MAX_HEAD_DIM})")
+        partners.append(ScorePartner(view, _walk_operand(mm.args[0], M, dx, region_nodes),
+                                     _walk_operand(mm.args[1], dx, N, region_nodes), dx))
+        infer.forms[view] = PLAIN
+    if partners and split is not None:
+        raise FusionRefused("score DAG", chain.partners[0][-1], "further score contractions with streams")
+    skip = {first, frame, *p_walk, *tail, *(n for path in chain.partners for n in path[-2:])}
     combined = set()  # nodes after a stream's select: in the output frame
     for node in chain.nodes:
         if node in skip:
@@ -509,15 +547,26 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         if node.op != "call_function" or analysis.kinds[node] not in (OpKind.ELEMENTWISE, OpKind.REDUCTION, OpKind.LAYOUT, OpKind.INDEX):
             raise FusionRefused("score DAG", node, "op kind cannot be printed in a kernel")
         selecting = split is not None and (node is split.view or node in split.selects)
-        if analysis.kinds[node] is OpKind.LAYOUT and not selecting and not _is_frame_identity(node):
+        row_layout = _row_unit_axis(node, infer, frame_shape)
+        if analysis.kinds[node] is OpKind.LAYOUT and not selecting and row_layout is None \
+                and not _is_frame_identity(node):
             raise FusionRefused("score DAG", node, "a layout op that moves the score tile's axes")
+        if row_layout or (row_layout is None and any(a in infer.squeezed for a in node.all_input_nodes)):
+            infer.squeezed.add(node)
         if any(not isinstance(a.meta.get("val"), (torch.Tensor, *SYMBOLIC_SCALARS)) for a in node.all_input_nodes):
             raise FusionRefused("score DAG", node, "an input without a tensor value")
         if split is not None and (node in split.selects or any(a in combined for a in node.all_input_nodes)):
             combined.add(node)
-        if node is not (split.view if split else None):
-            _check_broadcasts(node, out_shape if node in combined else frame_shape)
         infer.forms[node] = infer.infer(node)
+        if node in infer.squeezed:
+            for a in [node, *node.all_input_nodes]:
+                if a in region_nodes and a not in infer.squeezed and a in infer.forms and row_layout is None \
+                        and analysis.kinds[node] is not OpKind.REDUCTION:
+                    raise FusionRefused("score DAG", node, "mixes a row value with and without its reduced axis")
+                if a not in region_nodes and isinstance(a.meta.get("val"), torch.Tensor):
+                    _check_broadcasts(a, frame_shape[:-1])
+        elif node is not (split.view if split else None):
+            _check_broadcasts(node, out_shape if node in combined else frame_shape)
         dag.append(node)
     p_form = infer.forms.get(p_node, PLAIN)
     if p_form.kind == "row":
@@ -533,6 +582,10 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
             if op.meta["val"].dtype not in FLOAT_DTYPES:
                 raise FusionRefused("epilogue", op, "output ops must keep a float dtype")
     stream = dag
+    for node in chain.escapes:
+        if infer.forms.get(node) != ROW or node in infer.absorbed or split is not None or node in combined:
+            raise FusionRefused("convexity", node, "an intermediate value is also used outside the region (only "
+                                "per-row values, such as the logsumexp of the scores, may leave it)")
     epilogue = [n for n in stream if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
                 and n not in infer.absorbed]
     stream_nodes = [n for n in stream if n not in epilogue]
@@ -548,6 +601,8 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
              f"running values each"] if split is not None else []),
         f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
         f"{first.name} and {second.name} chain inside the loop",
+        *([f"scores: {', '.join(p.view.name for p in partners)} (further contractions of the scores) computed "
+           f"per key tile beside {first.name}"] if partners else []),
         *([f"epilogue: {', '.join(op.name for op in chain.output_ops)} applied to the output tile before "
            f"it is stored"] if chain.output_ops else []),
     ]
@@ -556,6 +611,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
         nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv, passthrough=infer.passthrough,
         split=split, combined=combined, output_ops=list(chain.output_ops),
+        side_outputs=list(chain.escapes), squeezed=infer.squeezed, partners=partners,
     )
     from ..config import config
 
@@ -564,6 +620,24 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         steps.append(f"block sparsity: a key tile is skipped when {mask.condition.name} is "
                      f"{mask.masked_when} on all of it (scores -inf, every accumulator scaled by exp)")
     return region
+
+
+ROW_LAYOUTS = {aten.squeeze, aten.unsqueeze, aten.view, aten._unsafe_view, aten.reshape}
+
+
+def _row_unit_axis(node: fx.Node, infer: "_FormInference", frame_shape: tuple):
+    """For a layout op on a row value that only drops (True) or restores (False) its size-one
+    reduced axis: whether the result is squeezed; None for any other op."""
+    if not _is(node, *ROW_LAYOUTS) or not isinstance(node.args[0], fx.Node):
+        return None
+    src = node.args[0]
+    if infer.forms.get(src) != ROW:
+        return None
+    if src not in infer.squeezed and _shape(src)[-1:] == (1,) and _shape(node) == _shape(src)[:-1]:
+        return True
+    if src in infer.squeezed and _shape(node) == _shape(src) + (1,):
+        return False
+    return None
 
 
 def _is_frame_identity(node: fx.Node) -> bool:
