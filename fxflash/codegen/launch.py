@@ -1,7 +1,9 @@
 """Launching a generated kernel: run-time arguments from the op's inputs, tile sizes, grid."""
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import torch
 import triton
@@ -9,6 +11,15 @@ import triton
 from ..config import interpreting
 from .emit import KernelPlan, _pow2, block_dims_of, tile_configs
 
+
+
+# Triton's interpreter patches global state while it runs a kernel: launches from several
+# threads take turns (compiled GPU kernels launch concurrently).
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launching():
+    return _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext()
 
 
 def tile_config(plan: KernelPlan, device: torch.device) -> dict:
@@ -64,5 +75,6 @@ def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list
         return [out, *sides]
     cfg = tile_config(plan, device)
     grid = (triton.cdiv(frame[-2], cfg["BLOCK_M"]) * batch,)
-    kernel[grid](out, *args, **block_dims_of(plan), **cfg)
+    with _launching():
+        kernel[grid](out, *args, **block_dims_of(plan), **cfg)
     return [out, *sides]

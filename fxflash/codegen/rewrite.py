@@ -83,7 +83,6 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
     replaced nodes become dead and are removed by the caller's dead-code elimination."""
     results = [region.output, *region.side_outputs]
     reference, extra = reference_subgraph(results, plan.input_nodes)
-    output = node_map[region.output]
     inputs = [node_map[n] for n in plan.input_nodes]
     sources = [node_map[n] for n in plan.input_nodes] + [n for n in gm.graph.nodes if n.op == "placeholder"]
     inside = {node_map[n] for n in region.nodes}
