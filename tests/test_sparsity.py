@@ -86,8 +86,34 @@ def test_index_masks_skip_tiles(name):
     assert_accurate(variant.fn, args, out)
 
 
-def test_masks_from_tensors_and_additive_biases_do_not_skip():
-    for name in ("document_mask", "additive_mask"):
+def test_additive_biases_and_key_padding_masks_do_not_skip():
+    for name in ("additive_mask", "key_padding"):
         variant = VARIANTS[name]
         (region,) = fxflash.explain(variant.fn, *variant.inputs(Shape(M=20, N=20))).regions
         assert region.fused and "while scanning" not in region.source
+
+
+IDS = st.lists(st.integers(-3, 3), min_size=2, max_size=60)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(q_ids=IDS, k_ids=IDS, sort=st.booleans(), negate=st.booleans())
+def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, negate):
+    """Document-id masks (sorted or not, query and key ids apart): skipping by the per-tile
+    min/max summary never changes the output."""
+    def documents(q, k, v, qd, kd):
+        same = qd[:, None] == kd[None, :]
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        s = s.masked_fill(same if negate else ~same, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+    qd, kd = torch.tensor(q_ids), torch.tensor(k_ids)
+    if sort:
+        qd, kd = qd.sort()[0], kd.sort()[0]
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=len(q_ids), N=len(k_ids), D=8, Dv=8))
+    args = (q, k, v, qd, kd)
+    report, skipped = _run(documents, args, True)
+    assert report.regions[0].fused and "while scanning" in report.regions[0].source
+    _, visited = _run(documents, args, False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(documents, args, skipped)

@@ -281,6 +281,15 @@ class _Printer:
             raise Unprintable(f"{node.name} has no tensor value")
         dtype = node.meta["val"].dtype
         cd = compute_dtype(dtype)
+        ptr, offset = self.input_address(node, idx)
+        used = " ".join(e for e in idx if e)
+        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok"), (DVC, f"({DVC} < DV)")) if v in used]
+        mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
+        code = f"tl.load({ptr} + {offset}{mask}).to({cd})"
+        return self.place(code, COL in used, "x")
+
+    def input_address(self, node: fx.Node, idx: tuple) -> tuple[str, str]:
+        """(pointer, offset) of a tensor input at index expressions ``idx`` (None: broadcast)."""
         i = self.tensor_input(node)
         ptr = f"in{i}_ptr"
         if ptr not in self.params:
@@ -289,12 +298,7 @@ class _Printer:
                 self.param(f"in{i}_s{axis}", ("stride", i, axis))
         terms = [f"({e}).to(tl.int64) * in{i}_s{axis}" if e.startswith("fb") else f"({e}) * in{i}_s{axis}"
                  for axis, e in enumerate(idx) if e is not None]
-        offset = " + ".join(terms) if terms else "0"
-        used = " ".join(e for e in idx if e)
-        masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok"), (DVC, f"({DVC} < DV)")) if v in used]
-        mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
-        code = f"tl.load({ptr} + {offset}{mask}).to({cd})"
-        return self.place(code, COL in used, "x")
+        return ptr, " + ".join(terms) if terms else "0"
 
     def index_expr(self, node: fx.Node, idx: tuple) -> Value:
         """Print an index expression evaluated at tile indices ``idx`` (one per axis)."""
@@ -750,11 +754,12 @@ class _Printer:
         """The module source. The loop over N is printed twice: over the full key tiles, where
         ``col_ok`` is a constant true the compiler folds away (no bound checks, no masking of
         the reductions), then over the one partial tile, if any, with the checks."""
+        tile_range = self.tile_range()  # may add parameters: tensors summarized per tile
         params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
                             "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
                             *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners)))])
         body = ["    " + line for line in self.pre]
-        body += ["    " + line for line in self.tile_range()]
+        body += ["    " + line for line in tile_range]
         body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
         for start, stop, col_ok, row_ok in (
             ("lo_t", "n_split", "tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)"),

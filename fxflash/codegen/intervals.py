@@ -5,6 +5,11 @@ integer index expression gets an interval ``[lo, hi]`` containing every value it
 tile, and a boolean one a pair ``(must, may)``: ``must`` — true at every element, ``may`` —
 true at some element. Both are sound over-approximations, so a tile is declared empty only if
 every element of it is masked.
+
+An integer tensor read along one tile axis (document ids ``ids[n]``) gets the exact interval
+``[min, max]`` of its values over the tile's index range: a per-tile summary computed on the
+fly from one vector load, so ``ids[:, None] == ids[None, :]`` is false on a whole tile when
+the query tile's ids and the key tile's ids do not overlap.
 """
 from __future__ import annotations
 
@@ -89,7 +94,7 @@ class IntervalPrinter:
         if isinstance(value, torch.SymInt):  # a symbolic size: specialized like the kernel body
             return _int(str(int(value)), str(int(value)))
         if self.p.kinds.get(node) is not OpKind.INDEX:
-            raise NoInterval(f"{node.name} is not an index expression")
+            return self.of_tensor(node, idx)
         p = packet(node.target)
         dtype = node.meta["val"].dtype
         if p is aten.arange:
@@ -124,6 +129,37 @@ class IntervalPrinter:
             args = [self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx) for a in node.args]
             return rule(self, node, args)
         return self.of(node.args[0], self.p.layout_source_idx(node, idx))
+
+
+    def of_tensor(self, node: fx.Node, idx: tuple) -> Interval:
+        """A tensor the region reads (not an index expression): an integer input gets the
+        min/max of its values over the tile range of the one tile axis it is read along;
+        elementwise and layout ops on such inputs follow the same rules as index ones."""
+        kind = self.p.kinds.get(node)
+        dtype = node.meta["val"].dtype
+        if kind in (OpKind.ELEMENTWISE, OpKind.LAYOUT) and node.op == "call_function":
+            rule = RULES.get(packet(node.target))
+            if rule is not None:
+                args = [self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx) for a in node.args]
+                return rule(self, node, args)
+            if kind is OpKind.LAYOUT:
+                return self.of(node.args[0], self.p.layout_source_idx(node, idx))
+            raise NoInterval(f"{node.name}: no interval rule")
+        if dtype.is_floating_point or dtype is torch.bool:
+            raise NoInterval(f"{node.name}: only integer tensors are summarized")
+        tile_axes = [(axis, e) for axis, e in enumerate(idx) if e in ("rm", "cn")]
+        if len(tile_axes) != 1 or any(e is not None and not e.startswith("fb") and e not in ("rm", "cn")
+                                      for e in idx):
+            raise NoInterval(f"{node.name}: read along more than one tile axis")
+        (axis, e), = tile_axes
+        lo, hi, block = ("m_lo", "m_hi", "BLOCK_M") if e == "rm" else ("n_lo", "n_hi", "BLOCK_N")
+        offs = self.bind(f"{lo} + tl.arange(0, {block})")
+        ptr, offset = self.p.input_address(node, tuple("OFFS" if x == e else x for x in idx))
+        values = self.bind(f"tl.load({ptr} + {offset.replace('OFFS', offs)}, mask={offs} <= {hi}, other=0)"
+                           f".to(tl.int64)")
+        big = "9223372036854775807"
+        return _int(self.bind(f"tl.min(tl.where({offs} <= {hi}, {values}, {big}), 0)"),
+                    self.bind(f"tl.max(tl.where({offs} <= {hi}, {values}, -{big}), 0)"))
 
 
 def _is_tensor(arg) -> bool:

@@ -4,9 +4,10 @@ A key tile may be skipped when every score of it is ``-inf`` and everything the 
 accumulates over N is scaled by ``E(x - m)`` with ``x`` those scores: then the tile leaves
 the running maximum unchanged and adds exactly zero to every sum and to ``P·V``. The scores
 are ``-inf`` on a tile when ``x = where(c, s, -inf)`` (or ``where(c, -inf, s)``, possibly
-through float casts and further masks of that form) and the index-expression condition ``c``
-is false (true) everywhere on the tile — which codegen decides per tile by interval
-arithmetic over the tile's index ranges (:mod:`fxflash.codegen.intervals`).
+through float casts and further masks of that form) and the condition ``c`` — an index
+expression, or one over integer tensors such as document ids — is false (true) everywhere
+on the tile, which codegen decides per tile by interval arithmetic over the tile's index
+ranges and per-tile min/max of the tensors read (:mod:`fxflash.codegen.intervals`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,32 @@ def _is_neg_inf(arg) -> bool:
     return isinstance(value, float) and value == -math.inf
 
 
+def _is_mask_expression(cond: fx.Node, kinds: dict, region_nodes: set) -> bool:
+    """An index expression, or elementwise and layout ops over index expressions and integer
+    or boolean tensors from outside the region (document ids): codegen summarizes those per
+    tile, exactly (min/max of the values read), so a skipped tile is masked everywhere."""
+    stack, seen = [cond], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in region_nodes:
+            return False
+        kind = kinds.get(node)
+        if kind is OpKind.INDEX:
+            continue
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            if not isinstance(val, torch.Tensor) or val.dtype.is_floating_point:
+                return False
+            continue
+        if kind not in (OpKind.ELEMENTWISE, OpKind.LAYOUT):
+            return False
+        stack.extend(node.all_input_nodes)
+    return True
+
+
 def skippable_masks(region, kinds: dict) -> list[TileMask]:
     """The masks that make a key tile skippable, or [] when skipping is not provable."""
     scales = {form.scale for _, _, form in region.terms}
@@ -53,7 +80,7 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
         if p is not aten.where:
             break
         cond, a, b = node.args
-        if not (isinstance(cond, fx.Node) and kinds.get(cond) is OpKind.INDEX):
+        if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, set(region.nodes))):
             break
         if _is_neg_inf(b):
             masks.append(TileMask(cond, False))
