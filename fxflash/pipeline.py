@@ -63,9 +63,10 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
 
     fuse = config.fuse if fuse is None else fuse
     analysis = analyse(gm)
-    chains = find_chains(analysis)
+    near_misses: list = []
+    chains = find_chains(analysis, near_misses)
     rewritten, node_map = _copy_graph(gm)
-    regions = []
+    regions = [_region_report(analysis, miss.chain, False, miss.reason) for miss in near_misses]
     for chain in chains:
         if not fuse:
             regions.append(_region_report(analysis, chain, False, "fusion is turned off (config.fuse)"))

@@ -73,6 +73,10 @@ def _contracted_dim(analysis: GraphAnalysis, node: fx.Node) -> tuple:
     return analysis.dims.dim_id(analysis.reduced[node][0])
 
 
+def _shape_of(node) -> tuple:
+    return tuple(node.meta["val"].shape)
+
+
 def _reduces_only(analysis: GraphAnalysis, node: fx.Node, dim: tuple) -> bool:
     return all(analysis.dims.dim_id(ax) == dim for ax in analysis.reduced[node])
 
@@ -90,17 +94,42 @@ def is_convex(g: nx.DiGraph, nodes: set) -> bool:
     return True
 
 
-def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order) -> Chain | None:
+@dataclasses.dataclass
+class NearMiss:
+    """Two batched contractions that chain over the demoted axis, but with something between
+    them that no region can hold; explain() reports it with ``reason``."""
+
+    chain: Chain
+    reason: str
+
+
+def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order) -> Chain | NearMiss | None:
     g = analysis.dataflow
     demoted = _demoted_dim(analysis, first)
-    if _contracted_dim(analysis, second) != demoted:
-        return None
     between = (nx.descendants(g, first) & nx.ancestors(g, second)) - {first, second}
-    if any(analysis.kinds[n] not in INNER_KINDS for n in between):
+
+    def near_miss(reason: str):
+        if not all(packet(c.target) is aten.bmm for c in (first, second)):
+            return None  # only attention-like (batched) pairs are worth reporting
+        nodes = sorted(between | {first, second}, key=order.__getitem__)
+        return NearMiss(Chain(first, second, demoted, [], nodes, [], [], second), f"chain discovery: {reason}")
+
+    other = [n for n in between if analysis.kinds[n] not in INNER_KINDS]
+    if _contracted_dim(analysis, second) != demoted:
+        if other and _shape_of(second.args[0])[-1] == _shape_of(first)[-1]:
+            n = min(other, key=order.__getitem__)
+            return near_miss(f"{n.name} ({n.target}) between the contractions hides whether the consumer "
+                             "contracts the producer's key axis")
         return None
+    if other:
+        n = min(other, key=order.__getitem__)
+        return near_miss(f"{n.name} ({n.target}) between the contractions is not an elementwise, layout, "
+                         "index or reduction op")
     reductions = [n for n in between if analysis.kinds[n] is OpKind.REDUCTION]
-    if not all(_reduces_only(analysis, r, demoted) for r in reductions):
-        return None
+    across = [r for r in reductions if not _reduces_only(analysis, r, demoted)]
+    if across:
+        return near_miss(f"{across[0].name} reduces an axis other than the demoted {dim_name(demoted)} "
+                         "(e.g. a softmax over the queries)")
     if not reductions and (not all(packet(c.target) is aten.bmm for c in (first, second))
                            or not any(analysis.kinds[n] is OpKind.ELEMENTWISE for n in between)):
         return None
@@ -113,7 +142,7 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
         nodes.add(user)
         last = user
     if not is_convex(g, nodes):
-        return None
+        return near_miss("a path leaves the region and comes back into it")
     ordered = sorted(nodes, key=order.__getitem__)
     inputs = sorted(
         {i for n in ordered for i in n.all_input_nodes if i not in nodes}, key=order.__getitem__
@@ -244,18 +273,25 @@ def _score_partners(analysis: GraphAnalysis, chain: Chain, others: set) -> list:
     return partners
 
 
-def find_chains(analysis: GraphAnalysis) -> list[Chain]:
-    """Every chain in the graph; for each producer, the nearest consumer that closes one."""
+def find_chains(analysis: GraphAnalysis, near_misses: list | None = None) -> list[Chain]:
+    """Every chain in the graph; for each producer, the nearest consumer that closes one.
+    Producers whose batched consumers close no chain are appended to ``near_misses``."""
     order = _graph_order(analysis)
     contractions = sorted(analysis.nodes_of_kind(OpKind.CONTRACTION), key=order.__getitem__)
-    chains = []
+    chains, missed = [], []
     for first in contractions:
         later = nx.descendants(analysis.dataflow, first)
+        first_miss = None
         for second in (c for c in contractions if c in later):
             chain = _chain_between(analysis, first, second, order)
-            if chain is not None and not any(set(chain.nodes) & set(c.nodes) for c in chains):
+            if isinstance(chain, NearMiss):
+                first_miss = first_miss or chain
+            elif chain is not None and not any(set(chain.nodes) & set(c.nodes) for c in chains):
                 chains.append(chain)
+                first_miss = None
                 break
+        if first_miss is not None:
+            missed.append(first_miss)
     for chain in chains:
         others = {n for c in chains if c is not chain for n in c.nodes}
         chain.partners = _score_partners(analysis, chain, others)
@@ -266,4 +302,7 @@ def find_chains(analysis: GraphAnalysis) -> list[Chain]:
         chain.nodes = sorted(set(chain.nodes) | set(chain.output_ops), key=order.__getitem__)
         chain.inputs = sorted({i for n in chain.nodes for i in n.all_input_nodes if i not in chain.nodes},
                               key=order.__getitem__)
+    if near_misses is not None:
+        taken = {n for c in chains for n in c.nodes}
+        near_misses.extend(m for m in missed if not set(m.chain.nodes) & taken)
     return chains
