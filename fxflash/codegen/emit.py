@@ -18,6 +18,7 @@ are printed from the tile indices and never loaded.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import torch.fx as fx
@@ -719,12 +720,15 @@ class _Printer:
             return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
         lines = ["lo_t = tl.full([], 0, tl.int32)", "hi_t = tl.cdiv(N, BLOCK_N).to(tl.int32)"]
         tests, cond = empty
-        lines += ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1"]
+        # the query tile's part of the test (its index ranges, the min/max of its ids) is the
+        # same for every key tile: computed once, before both scans
+        row_part, key_part = _split_invariant(tests, ("n_lo", "n_hi"))
+        lines += ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part]
         for tile, step in (("lo_t", "+"), ("hi_t - 1", "-")):
             var = tile.split()[0]
             lines += ["scanning = lo_t < hi_t", "while scanning:",
                       f"    n_lo = ({tile}) * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
-            lines += ["    " + line for line in tests]
+            lines += ["    " + line for line in key_part]
             lines += [f"    empty = {cond}", f"    {var} = {var} {step} empty.to(tl.int32)",
                       "    scanning = empty & (lo_t < hi_t)"]
         return lines
@@ -796,6 +800,21 @@ def _literal_bound(value) -> tuple | None:
     if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= NARROW_LITERAL_LIMIT:
         return None
     return (0, abs(value))
+
+
+def _split_invariant(lines: list, loop_vars: tuple) -> tuple[list, list]:
+    """Split ``name = code`` lines into those that read none of ``loop_vars`` (directly or
+    through an earlier line) and those that do, each in their original order."""
+    variant_names = set(loop_vars)
+    invariant, variant = [], []
+    for line in lines:
+        name, code = line.split(" = ", 1)
+        if any(re.search(rf"\b{re.escape(v)}\b", code) for v in variant_names):
+            variant_names.add(name)
+            variant.append(line)
+        else:
+            invariant.append(line)
+    return invariant, variant
 
 
 def _scaled(name: str, operand) -> list:
