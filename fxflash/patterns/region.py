@@ -581,14 +581,13 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         for op in chain.output_ops:
             if op.meta["val"].dtype not in FLOAT_DTYPES:
                 raise FusionRefused("epilogue", op, "output ops must keep a float dtype")
-    stream = dag
     for node in chain.escapes:
         if infer.forms.get(node) != ROW or node in infer.absorbed or split is not None or node in combined:
             raise FusionRefused("convexity", node, "an intermediate value is also used outside the region (only "
                                 "per-row values, such as the logsumexp of the scores, may leave it)")
-    epilogue = [n for n in stream if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
+    epilogue = [n for n in dag if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
                 and n not in infer.absorbed]
-    stream_nodes = [n for n in stream if n not in epilogue]
+    loop_nodes = [n for n in dag if n not in epilogue]
     q = _walk_operand(first.args[0], M, D, region_nodes)
     k = _walk_operand(first.args[1], D, N, region_nodes)
     v = _walk_operand(second.args[1], N, Dv, region_nodes)
@@ -607,7 +606,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
            f"it is stored"] if chain.output_ops else []),
     ]
     region = Region(
-        chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, dag=stream_nodes,
+        chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, dag=loop_nodes,
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
         nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv, passthrough=infer.passthrough,
         split=split, combined=combined, output_ops=list(chain.output_ops),
