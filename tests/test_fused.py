@@ -386,3 +386,31 @@ def test_a_second_score_contraction_is_computed_per_tile():
     assert "sx0 = tl.dot(qx0, kx0" in report.regions[0].source  # q'·k'ᵀ beside q·kᵀ, never materialized
     assert "(tl.float32) * 2.0).to(" in report.regions[0].source  # the 2· of 2·qp folded into its tile
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def test_a_shifted_exp2_is_rescaled_by_exp2():
+    """The running maximum's rescale is the homomorphism of the values it scales, found by the
+    rules (it once defaulted to exp when the shift was max(amax, 0) under exp2)."""
+    def softmax_one_exp2(q, k, v):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        m = s.amax(-1, keepdim=True).clamp(min=0)
+        e = torch.exp2(s - m)
+        return (e / (torch.exp2(-m) + e.sum(-1, keepdim=True))) @ v
+
+    args = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    report = _fused_once(softmax_one_exp2, args, 1)
+    assert "alpha_amax = tl.exp2(" in report.regions[0].source
+    assert_accurate(softmax_one_exp2, args, fxflash.optimize(softmax_one_exp2)(*args))
+
+
+def test_one_maximum_under_two_homomorphisms_is_refused():
+    def mixed(q, k, v):
+        s = q @ k.transpose(-2, -1)
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - m) + torch.exp2(s - m)
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+    args = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    (region,) = fxflash.explain(mixed, *args).regions
+    assert not region.fused and "two different homomorphisms" in region.reason
+    torch.testing.assert_close(fxflash.optimize(mixed)(*args), mixed(*args))

@@ -36,7 +36,8 @@ SCORE_OPS = st.lists(
     ),
     max_size=3,
 )
-NORMALIZATIONS = st.sampled_from(["softmax", "manual", "softmax_one", "sigmoid", "relu", "row_sum"])
+NORMALIZATIONS = st.sampled_from(["softmax", "manual", "softmax_one", "softmax_one_exp2", "sigmoid", "relu",
+                                  "row_sum"])
 EPILOGUES = st.sampled_from([None, "gate", "transpose_gate", "add"])
 
 PROGRAMS = st.fixed_dictionaries({
@@ -74,10 +75,11 @@ def _normalize(s: torch.Tensor, norm: str) -> torch.Tensor:
     if norm == "manual":
         e = (s - s.amax(-1, keepdim=True)).exp()
         return e / e.sum(-1, keepdim=True)
-    if norm == "softmax_one":
+    if norm in ("softmax_one", "softmax_one_exp2"):
+        exp = torch.exp if norm == "softmax_one" else torch.exp2
         m = s.amax(-1, keepdim=True).clamp(min=0)
-        e = torch.exp(s - m)
-        return e / (torch.exp(-m) + e.sum(-1, keepdim=True))
+        e = exp(s - m)
+        return e / (exp(-m) + e.sum(-1, keepdim=True))
     if norm == "sigmoid":
         return torch.sigmoid(s)
     if norm == "relu":

@@ -585,7 +585,7 @@ class _Printer:
             self.loop.append(f"tile_{name} = tl.{red.combine}(tl.where(col_ok, {x.code}, {fill}), 1, keep_dims=True)")
             self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
             if red.combine == "max":
-                hom = self._homomorphism_of(red.node)
+                hom = self.r.rescales.get(red.node, HOMOMORPHISMS[aten.exp])  # exp: nothing reads alpha
                 self.loop.append(f"mu_{name} = tl.where(new_{name} == float('-inf'), 0.0, new_{name})")
                 self.loop.append(f"alpha_{name} = {hom.rescale.format(old=acc, new=f'mu_{name}')}")
             self.vars[red.node] = Value(f"new_{name}", True)
@@ -596,13 +596,6 @@ class _Printer:
         else:
             self.loop.append(f"{acc} = {acc} + {tile}")
         self.vars[red.node] = Value(acc, True)
-
-    def _homomorphism_of(self, max_node: fx.Node):
-        for user in max_node.users:
-            for e in user.users:
-                if packet(e.target) in HOMOMORPHISMS:
-                    return HOMOMORPHISMS[packet(e.target)]
-        return HOMOMORPHISMS[aten.exp]
 
     def epilogue(self, terms: list, out_dtype) -> None:
         """After the loop: finish the row values (reductions with their deferred factors, then

@@ -160,6 +160,7 @@ class Region:
     side_outputs: list = dataclasses.field(default_factory=list)  # row values returned too (lse)
     squeezed: set = dataclasses.field(default_factory=set)  # row values shaped [*batch, M]
     partners: list = dataclasses.field(default_factory=list)  # further score contractions
+    rescales: dict = dataclasses.field(default_factory=dict)  # online max → Homomorphism
     split: StreamSplit | None = None   # several streams selected from the score frame
     combined: set = dataclasses.field(default_factory=set)  # DAG nodes in the output frame
     tile_masks: list = dataclasses.field(default_factory=list)
@@ -340,6 +341,7 @@ class _FormInference:
         self.absorbed: set = set()
         self.passthrough: dict = {}  # node → the argument whose tile value it is (row factor deferred)
         self.squeezed: set = set()   # row values without the reduced axis: [*batch, M]
+        self.rescales: dict = {}     # online max → the Homomorphism whose values it rescales
 
     def form(self, arg) -> Form:
         if isinstance(arg, fx.Node) and arg in self.forms:
@@ -432,6 +434,9 @@ class _FormInference:
             raise FusionRefused("algebraic transformation", node,
                                 f"E(x - r) is made online against the row maximum of x; {x.name} has no amax in the region")
         hom = HOMOMORPHISMS[packet(node.target)]
+        if self.rescales.setdefault(m, hom) is not hom:
+            raise FusionRefused("algebraic transformation", node, f"{m.name} is the running maximum of two "
+                                "different homomorphisms; one rescale cannot serve both")
         self.steps.append(
             f"algebraic: {node.name} = {hom.name}({x.name} - {r.name}) via the homomorphism {hom.name}: (+) → (×); "
             f"computed against the running {m.name}, rescaled by {hom.rescale.format(old='m_old', new='m_new')}"
@@ -610,7 +615,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         reductions=infer.reductions, p_node=p_node, epilogue=epilogue, output=chain.output,
         nodes=list(chain.nodes), steps=steps, M=M, N=N, D=D, Dv=Dv, passthrough=infer.passthrough,
         split=split, combined=combined, output_ops=list(chain.output_ops),
-        side_outputs=list(chain.escapes), squeezed=infer.squeezed, partners=partners,
+        side_outputs=list(chain.escapes), squeezed=infer.squeezed, partners=partners, rescales=infer.rescales,
     )
     from ..config import config
 
