@@ -157,24 +157,32 @@ def _side_branches(analysis: GraphAnalysis, region: set, second: fx.Node, demote
     ``logsumexp`` of the scores returned beside the output: elementwise, layout and
     reductions over N whose other inputs do not depend on the region. Whether their results
     may leave the region (row values only) is the fusion rules' decision."""
-    g = analysis.dataflow
-    side: set = set()
+    def accept(node):
+        kind = analysis.kinds.get(node)
+        return (node.op == "call_function" and kind in INNER_KINDS
+                and (kind is not OpKind.REDUCTION or _reduces_only(analysis, node, demoted)))
+
+    return set(_grow_downstream(analysis.dataflow, region, {second}, accept))
+
+
+def _grow_downstream(g: nx.DiGraph, seeds: set, blocked: set, accept) -> list:
+    """Users of ``seeds`` — and of what is taken — that ``accept`` and whose other inputs
+    depend neither on ``seeds``, ``blocked`` nor what is taken (they are read beside the
+    region, never computed from it), in the order taken."""
+    taken: list = []
     grown = True
     while grown:
         grown = False
-        for node in [u for n in region | side for u in n.users]:
-            if node in region or node in side or node is second or node.op != "call_function":
+        for node in [u for n in (*seeds, *taken) for u in n.users]:
+            reached = seeds | set(taken)
+            if node in reached or node in blocked or not accept(node):
                 continue
-            if analysis.kinds.get(node) not in INNER_KINDS:
+            outer = [a for a in node.all_input_nodes if a not in reached]
+            if any(a in blocked or nx.ancestors(g, a) & (reached | blocked) for a in outer):
                 continue
-            if analysis.kinds[node] is OpKind.REDUCTION and not _reduces_only(analysis, node, demoted):
-                continue
-            outer = [a for a in node.all_input_nodes if a not in region and a not in side]
-            if any(nx.ancestors(g, a) & (region | side) for a in outer):
-                continue
-            side.add(node)
+            taken.append(node)
             grown = True
-    return side
+    return taken
 
 
 OUTPUT_REDUCTIONS = {aten.sum, aten.mean, aten.amax}
@@ -206,20 +214,8 @@ def _output_ops(analysis: GraphAnalysis, last: fx.Node, nodes: set, others: set)
     (they are loaded, or computed, per output tile) and reductions over the output's last
     axis (an RMSNorm of each head), grown while they form a DAG with ``last`` as its only
     entry and one value leaving it."""
-    g = analysis.dataflow
-    inside = set(nodes) | others
-    taken: list = []
-    grown = True
-    while grown:
-        grown = False
-        for node in [u for t in (last, *taken) for u in t.users]:
-            if node in taken or not _is_output_op(analysis, node, last):
-                continue
-            outer = [a for a in node.all_input_nodes if a is not last and a not in taken]
-            if any(a in inside or nx.ancestors(g, a) & (inside | set(taken)) for a in outer):
-                continue
-            taken.append(node)
-            grown = True
+    taken = _grow_downstream(analysis.dataflow, {last}, (set(nodes) | others) - {last},
+                             lambda node: _is_output_op(analysis, node, last))
     order = {n: i for i, n in enumerate(last.graph.nodes)}
     taken.sort(key=order.__getitem__)
     # keep the longest prefix (in graph order) from which exactly one value leaves
