@@ -23,6 +23,7 @@ softmax suite's shapes). Their TFLOP/s count the eager program's matrix products
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import os
@@ -156,10 +157,12 @@ def check(out, ref, label):
         raise AssertionError(f"{label}: relative error {err:.3g} against eager")
 
 
-def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None):
-    dtype, device = torch.bfloat16, "cuda"
+@contextlib.contextmanager
+def result_rows(out_path: str):
+    """Warm the GPU, open ``out_path`` for appending (header when new) and yield
+    ``record(row, system, label, before_timing, call, flops)``: it runs ``before_timing``
+    (a correctness check), times ``call`` (NaN on out-of-memory), writes and prints the row."""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
-    flex, create_block_mask = flex_api()
     warm_up_gpu()
     new = not os.path.exists(out_path)
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
@@ -167,6 +170,27 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
         writer = csv.DictWriter(f, FIELDS)
         if new:
             writer.writeheader()
+
+        def record(row, system, label, before_timing, call, flops):
+            try:
+                before_timing()
+                ms, peak = measure(call)
+                tflops = flops / (ms * 1e-3) / 1e12 if flops else float("nan")
+            except torch.OutOfMemoryError:
+                ms = peak = tflops = float("nan")
+                torch.cuda.empty_cache()
+            writer.writerow(dict(row, **meta, system=system, ms=f"{ms:.4f}", tflops=f"{tflops:.1f}",
+                                 peak_mb=f"{peak:.1f}"))
+            f.flush()
+            print(f"{label} {system:<15} {ms:9.3f} ms {tflops:7.1f} TFLOP/s {peak:10.1f} MB", flush=True)
+
+        yield record
+
+
+def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None):
+    dtype, device = torch.bfloat16, "cuda"
+    flex, create_block_mask = flex_api()
+    with result_rows(out_path) as record:
         for S in seqlens:
             B = max(1, tokens // S)
             for gqa in gqa_modes:
@@ -177,7 +201,7 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                     q, k, v = args[:3]
                     flops = 2 * B * H * S * S * (D + D)
                     row = dict(suite="softmax", variant=name + ("_gqa" if gqa else ""), B=B, H=H, Hkv=Hkv,
-                               M=S, N=S, D=D, Dv=D, dtype="bf16", **meta)
+                               M=S, N=S, D=D, Dv=D, dtype="bf16")
                     calls = {}
                     fast = fxflash.optimize(fn)
                     calls["fxflash"] = lambda: fast(*args)
@@ -197,23 +221,16 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                     # fxflash is checked against FlexAttention, an independent implementation that,
                     # like fxflash, keeps scores in fp32 (eager rounds the bf16 bias of ALiBi)
                     reference = calls["flex_kernel"]()
+                    label = f"{row['variant']:<22} S={S:<6} B={B:<3}"
+
+                    def check_fxflash():
+                        check(calls["fxflash"](), reference, f"{label} fxflash")
+                        print("   tuned:", tuned_configs(), flush=True)
+
                     for system, call in calls.items():
-                        if systems and system not in systems:
-                            continue
-                        try:
-                            if system == "fxflash":
-                                check(call(), reference, f"{row['variant']} S={S} {system}")
-                                print("   tuned:", tuned_configs(), flush=True)
-                            ms, peak = measure(call)
-                            tflops = flops / (ms * 1e-3) / 1e12 if system != "flex_blockmask" else float("nan")
-                        except torch.OutOfMemoryError:
-                            ms = peak = tflops = float("nan")
-                            torch.cuda.empty_cache()
-                        writer.writerow(dict(row, system=system, ms=f"{ms:.4f}", tflops=f"{tflops:.1f}",
-                                             peak_mb=f"{peak:.1f}"))
-                        f.flush()
-                        print(f"{row['variant']:<22} S={S:<6} B={B:<3} {system:<15} {ms:9.3f} ms "
-                              f"{tflops:7.1f} TFLOP/s {peak:10.1f} MB", flush=True)
+                        if not systems or system in systems:
+                            record(row, system, label, check_fxflash if system == "fxflash" else (lambda: None),
+                                   call, 0 if system == "flex_blockmask" else flops)
                     calls.clear()
                     torch.cuda.empty_cache()
 
@@ -257,18 +274,11 @@ def beyond_cases(name: str, seqlens, device, dtype, tokens=16384):
 def run_beyond(variants, seqlens, out_path, systems=None):
     """The ``beyond`` suite: fxflash, eager and torch.compile; fxflash checked against eager."""
     dtype, device = torch.bfloat16, "cuda"
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
-    warm_up_gpu()
-    new = not os.path.exists(out_path)
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "a", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        if new:
-            writer.writeheader()
+    with result_rows(out_path) as record:
         for name in variants:
             for fields, fn, args, flops in beyond_cases(name, seqlens, device, dtype):
                 torch._dynamo.reset()
-                row = dict(suite="beyond", variant=name, dtype="bf16", **fields, **meta)
+                row = dict(suite="beyond", variant=name, dtype="bf16", **fields)
                 fast = fxflash.optimize(fn)
                 compiled = torch.compile(fn, dynamic=False)
                 calls = {"fxflash": lambda: fast(*args), "eager": lambda: fn(*args),
@@ -278,26 +288,19 @@ def run_beyond(variants, seqlens, out_path, systems=None):
                 except torch.OutOfMemoryError:
                     reference = None
                     torch.cuda.empty_cache()
+                label = f"{name:<18} {str(fields):<70}"
+
+                def check_fxflash():
+                    report = fxflash.explain(fn, *args)
+                    assert all(r.fused for r in report.regions), [r.reason for r in report.regions]
+                    if reference is not None:
+                        check(calls["fxflash"](), reference, f"{label} fxflash")
+
                 for system, call in calls.items():
-                    if systems and system not in systems:
-                        continue
-                    try:
-                        if system == "fxflash":
-                            report = fxflash.explain(fn, *args)
-                            assert all(r.fused for r in report.regions), [r.reason for r in report.regions]
-                            if reference is not None:
-                                check(call(), reference, f"{name} {fields} {system}")
-                        ms, peak = measure(call)
-                        tflops = flops / (ms * 1e-3) / 1e12
-                    except torch.OutOfMemoryError:
-                        ms = peak = tflops = float("nan")
-                        torch.cuda.empty_cache()
-                    writer.writerow(dict(row, system=system, ms=f"{ms:.4f}", tflops=f"{tflops:.1f}",
-                                         peak_mb=f"{peak:.1f}"))
-                    f.flush()
-                    print(f"{name:<18} {str(fields):<70} {system:<14} {ms:9.3f} ms {tflops:7.1f} TFLOP/s "
-                          f"{peak:10.1f} MB", flush=True)
-                del reference
+                    if not systems or system in systems:
+                        record(row, system, label, check_fxflash if system == "fxflash" else (lambda: None),
+                               call, flops)
+                reference = None  # free it before the next case
                 calls.clear()
                 torch.cuda.empty_cache()
 
