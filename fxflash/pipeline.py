@@ -10,24 +10,35 @@ import logging
 import torch.fx as fx
 
 from .analysis import analyse
+from .analysis.traffic import region_traffic
 from .config import config, interpreting
 from .patterns import find_chains
 from .patterns.region import FusionRefused, build_region
+from .patterns.transformations import transformations
 from .report import RegionReport, Report
 
 log = logging.getLogger("fxflash")
 
 
-def _region_report(analysis, chain, fused, reason, source="", steps=()):
-    return RegionReport(
+def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=None, plan=None):
+    """A fused region's report (``region`` and its kernel's ``plan`` given) or a refused
+    candidate's (``rule``)."""
+    report = RegionReport(
         nodes=[n.name for n in chain.nodes],
         sketches={n.name: str(analysis.sketch(n)) for n in chain.nodes if analysis.sketch(n)},
-        fused=fused,
+        fused=region is not None,
         reason=reason,
+        rule=rule,
+        stopped_at=stopped_at.name if stopped_at is not None else "",
         chain=chain,
-        source=source,
-        steps=list(steps),
+        source=plan.source if plan is not None else "",
     )
+    if region is not None:
+        report.steps = list(region.steps)
+        report.transformations = transformations(analysis, region)
+        outputs = [region.output, *region.side_outputs]
+        report.traffic = region_traffic(region.nodes, chain.inputs, plan.input_nodes, outputs, analysis.kinds)
+    return report
 
 
 def _check_device(region) -> None:
@@ -66,10 +77,11 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
     near_misses: list = []
     chains = find_chains(analysis, near_misses)
     rewritten, node_map = _copy_graph(gm)
-    regions = [_region_report(analysis, miss.chain, False, miss.reason) for miss in near_misses]
+    regions = [_region_report(analysis, miss.chain, miss.reason, "chain discovery", miss.node)
+               for miss in near_misses]
     for chain in chains:
         if not fuse:
-            regions.append(_region_report(analysis, chain, False, "fusion is turned off (config.fuse)"))
+            regions.append(_region_report(analysis, chain, "fusion is turned off (config.fuse)", "config"))
             continue
         try:
             region = build_region(analysis, chain)
@@ -77,10 +89,13 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
             plan = emit_kernel(region, analysis.kinds, autotune=_autotune(region))
             kernel = load_kernel(plan.source, plan.name)
             replace_region(rewritten, region, plan, kernel, node_map)
-        except (FusionRefused, Unprintable) as exc:
-            regions.append(_region_report(analysis, chain, False, str(exc)))
+        except FusionRefused as exc:
+            regions.append(_region_report(analysis, chain, str(exc), exc.rule, exc.node))
             continue
-        regions.append(_region_report(analysis, chain, True, "", plan.source, region.steps))
+        except Unprintable as exc:
+            regions.append(_region_report(analysis, chain, f"code generation: {exc}", "code generation"))
+            continue
+        regions.append(_region_report(analysis, chain, region=region, plan=plan))
     rewritten.graph.eliminate_dead_code()
     rewritten.recompile()
     report = Report(regions=regions, graph=gm, analysis=analysis, rewritten=rewritten)

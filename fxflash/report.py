@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
 import torch.fx as fx
 
 from .analysis import GraphAnalysis
+from .analysis.traffic import Traffic
 from .patterns import Chain
 
 
@@ -17,8 +19,14 @@ class RegionReport:
     sketches:  node name → its sketch, printed ``[(P…), (R…)]``.
     fused:     True when the region runs as one generated kernel.
     reason:    why it was not fused (the rule that refused it), or "" when fused.
+    rule:      the name of the rule that refused it ("" when fused).
+    stopped_at: the name of the node that rule stopped at ("" when fused or not one node).
     source:    the generated Triton source when fused.
     chain:     the Chain found by the pattern stage.
+    steps:     the rule lines applied, in order.
+    transformations: when fused, the Transformations (demotion, algebraic rewriting,
+               elimination, tile program), each with the sketches it changed.
+    traffic:   when fused, the estimated bytes of GPU memory traffic, eager vs fused.
     """
 
     nodes: list
@@ -26,8 +34,12 @@ class RegionReport:
     fused: bool
     reason: str
     chain: Chain
+    rule: str = ""
+    stopped_at: str = ""
     source: str = ""
     steps: list = dataclasses.field(default_factory=list)
+    transformations: list = dataclasses.field(default_factory=list)
+    traffic: Traffic | None = None
 
     @property
     def status(self) -> str:
@@ -36,9 +48,12 @@ class RegionReport:
     def __str__(self) -> str:
         lines = [f"region {self.chain.describe()}: {self.status}"]
         if self.reason:
-            lines.append(f"  reason: {self.reason}")
-        for step in self.steps:
-            lines.append(f"  {step}")
+            lines.append(f"  refused: {self.reason}")
+        if self.traffic is not None:
+            lines.append(f"  {self.traffic}")
+        for i, step in enumerate(self.transformations, 1):
+            lines.append(textwrap.indent(f"{i}. {step}", "  "))
+        lines.append("  nodes:")
         for name in self.nodes:
             lines.append(f"    {name:<24} {self.sketches.get(name, '')}")
         return "\n".join(lines)

@@ -44,13 +44,27 @@ def intermediate_used_outside(q, k, v):
     return torch.softmax(s, dim=-1) @ v + s.mean()
 
 
-@pytest.mark.parametrize("fn", [softmax_over_queries, weights_returned_too, dropout_on_weights, top_k_scores,
-                                cumulative_over_keys, intermediate_used_outside], ids=lambda f: f.__name__)
+# each program → the rule that refuses it and the op of the node it stops at
+REFUSED = {
+    softmax_over_queries: ("chain discovery", torch.ops.aten.amax),
+    weights_returned_too: ("convexity", torch.ops.aten.div),
+    dropout_on_weights: ("randomness", torch.ops.aten.bernoulli),
+    top_k_scores: ("chain discovery", torch.ops.aten.topk),
+    cumulative_over_keys: ("chain discovery", torch.ops.aten.cumsum),
+    intermediate_used_outside: ("convexity", torch.ops.aten.div),
+}
+
+
+@pytest.mark.parametrize("fn", list(REFUSED), ids=lambda f: f.__name__)
 def test_unsupported_program_falls_back_bit_for_bit(fn):
     args = VARIANTS["vanilla"].inputs(SHAPE)
     report = fxflash.explain(fn, *args)
     assert report.regions and not any(r.fused for r in report.regions)
-    assert all(r.reason for r in report.regions)  # explain() names the rule that refused it
+    nodes = {n.name: n for n in report.graph.graph.nodes}
+    rule, op = REFUSED[fn]
+    for region in report.regions:  # explain() names the rule and the node that refused it
+        assert (region.rule, nodes[region.stopped_at].target.overloadpacket) == (rule, op)
+        assert region.reason.startswith(rule) and f"refused: {region.reason}" in str(report)
     torch.manual_seed(0)
     out = fxflash.optimize(fn)(*args)
     torch.manual_seed(0)

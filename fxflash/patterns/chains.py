@@ -101,6 +101,7 @@ class NearMiss:
 
     chain: Chain
     reason: str
+    node: fx.Node | None = None  # the node that stopped it
 
 
 def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order) -> Chain | NearMiss | None:
@@ -108,28 +109,28 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
     demoted = _demoted_dim(analysis, first)
     between = (nx.descendants(g, first) & nx.ancestors(g, second)) - {first, second}
 
-    def near_miss(reason: str):
+    def near_miss(reason: str, node: fx.Node | None = None):
         if not all(packet(c.target) is aten.bmm for c in (first, second)):
             return None  # only attention-like (batched) pairs are worth reporting
         nodes = sorted(between | {first, second}, key=order.__getitem__)
-        return NearMiss(Chain(first, second, demoted, [], nodes, [], [], second), f"chain discovery: {reason}")
+        return NearMiss(Chain(first, second, demoted, [], nodes, [], [], second), f"chain discovery: {reason}", node)
 
     other = [n for n in between if analysis.kinds[n] not in INNER_KINDS]
     if _contracted_dim(analysis, second) != demoted:
         if other and _shape_of(second.args[0])[-1] == _shape_of(first)[-1]:
             n = min(other, key=order.__getitem__)
             return near_miss(f"{n.name} ({n.target}) between the contractions hides whether the consumer "
-                             "contracts the producer's key axis")
+                             "contracts the producer's key axis", n)
         return None
     if other:
         n = min(other, key=order.__getitem__)
         return near_miss(f"{n.name} ({n.target}) between the contractions is not an elementwise, layout, "
-                         "index or reduction op")
+                         "index or reduction op", n)
     reductions = [n for n in between if analysis.kinds[n] is OpKind.REDUCTION]
-    across = [r for r in reductions if not _reduces_only(analysis, r, demoted)]
+    across = sorted((r for r in reductions if not _reduces_only(analysis, r, demoted)), key=order.__getitem__)
     if across:
         return near_miss(f"{across[0].name} reduces an axis other than the demoted {dim_name(demoted)} "
-                         "(e.g. a softmax over the queries)")
+                         "(e.g. a softmax over the queries)", across[0])
     if not reductions and (not all(packet(c.target) is aten.bmm for c in (first, second))
                            or not any(analysis.kinds[n] is OpKind.ELEMENTWISE for n in between)):
         return None

@@ -1,0 +1,176 @@
+"""The three transformations of a fused region as rewrites of its sketches, for explain().
+
+Each region's op sketches ``[(P…), (R…)]`` are shown before and after each step:
+
+* **dimension demotion** — the producer's parallel axis ``N`` becomes a reduction axis of
+  every op between the contractions: ``QKᵀ: [(B, M, N), (D)] → [(B, M), (N, D)]``. The fused
+  region has the sketch ``[(P_consumer), (N, D)]``.
+* **algebraic rewriting** — reductions over ``N`` that depend on each other need one pass over
+  ``N`` each (``amax``; then ``Σ exp(x − amax)``; then ``÷`` and ``P·V``). Through the
+  homomorphism table they become one online pass: every op in the loop is annotated
+  ``pass 1``; row values after the loop ``after the loop``.
+* **dimension elimination** — ``D``, ``Dv`` (and the head dims of further score contractions)
+  fit one tile: their tile loops have one step and vanish. The rest is tiled:
+  ``[(B, M/BM), (N/BN)]``.
+
+The rule lines of :attr:`Region.steps` are grouped under these by their prefix
+(:data:`STEP_GROUPS`); lines that change no sketch (streams, epilogue, block sparsity) form
+the ``tile program`` group.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+from ..analysis import GraphAnalysis
+from ..analysis.sketch import Sketch, dim_name
+from .region import Region
+
+DEMOTION = "dimension demotion"
+ALGEBRAIC = "algebraic rewriting"
+ELIMINATION = "dimension elimination"
+TILE_PROGRAM = "tile program"
+
+# The first word(s) of a Region.steps line → the transformation it belongs to.
+STEP_GROUPS = {
+    "dimension demotion": DEMOTION,
+    "online": ALGEBRAIC,
+    "algebraic": ALGEBRAIC,
+    "distributivity": ALGEBRAIC,
+    "linearity": ALGEBRAIC,
+    "dimension elimination": ELIMINATION,
+    "scores": ELIMINATION,
+    "streams": TILE_PROGRAM,
+    "epilogue": TILE_PROGRAM,
+    "block sparsity": TILE_PROGRAM,
+}
+ORDER = (DEMOTION, ALGEBRAIC, ELIMINATION, TILE_PROGRAM)
+
+
+@dataclasses.dataclass
+class Transformation:
+    """One step: the rule lines applied, the region's sketch after it (``summary``), and the
+    sketches of the ops it changed, before and after (node name → printed sketch)."""
+
+    name: str
+    summary: str
+    rules: list
+    before: dict
+    after: dict
+
+    def __str__(self) -> str:
+        lines = [f"{self.name}: {self.summary}" if self.summary else self.name]
+        lines += [f"    {rule}" for rule in self.rules]
+        width = max((len(n) for n in self.before), default=0)
+        lines += [f"    {n:<{width}}  {self.before[n]}  →  {self.after[n]}" for n in self.before]
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dims:
+    """The dimension ids of one region."""
+
+    M: tuple
+    N: tuple
+    eliminated: tuple  # D, Dv and further head dims: one tile each
+
+
+def _dims(analysis: GraphAnalysis, region: Region) -> _Dims:
+    axes, dim_id = analysis.dims.axes, analysis.dims.dim_id
+    first, second = region.chain.first, region.chain.second
+    contractions = [n for n in region.nodes if n in analysis.reduced and analysis.kinds[n].value == "contraction"]
+    eliminated = [dim_id(analysis.reduced[c][0]) for c in contractions if c is not second]
+    eliminated.append(dim_id(axes[second][-1]))
+    return _Dims(M=dim_id(axes[first][-2]), N=region.chain.demoted, eliminated=tuple(dict.fromkeys(eliminated)))
+
+
+def _fmt(parallel, reduced, names=None) -> str:
+    names = names or {}
+    return "[({}), ({})]".format(*(", ".join(names.get(d, dim_name(d)) for d in ds) for ds in (parallel, reduced)))
+
+
+def _demoted(s: Sketch, n: tuple) -> tuple:
+    if n not in s.parallel:
+        return s.parallel, s.reduced
+    return tuple(d for d in s.parallel if d != n), (n, *s.reduced)
+
+
+def _passes(analysis: GraphAnalysis, region: Region, n: tuple) -> dict:
+    """The pass over ``N`` that computes each region node in the unfused program, where an op
+    iterating over ``N`` can read a row value only after the pass that finished it."""
+    passes: dict = {}
+    finished: set = set()  # row values known only after a pass over N
+    for node in region.nodes:
+        s = analysis.sketch(node)
+        iterates = s is not None and (n in s.parallel or n in s.reduced)
+        passes[node] = max([1] + [passes[a] + (a in finished and iterates)
+                                  for a in node.all_input_nodes if a in passes])
+        if s is not None and n not in s.parallel and (
+                n in s.reduced or any(a in finished for a in node.all_input_nodes)):
+            finished.add(node)
+    return passes
+
+
+def _demotion(analysis, region, dims) -> Transformation:
+    before, after = {}, {}
+    for node in region.nodes:
+        s = analysis.sketch(node)
+        if s is not None and dims.N in s.parallel:
+            before[node.name] = str(s)
+            after[node.name] = _fmt(*_demoted(s, dims.N))
+    consumer = analysis.sketch(region.chain.second)
+    producer = analysis.sketch(region.chain.first)
+    summary = f"region {_fmt(consumer.parallel, (dims.N, *producer.reduced))}"
+    return Transformation(DEMOTION, summary, [], before, after)
+
+
+def _algebraic(analysis, region, dims) -> Transformation:
+    passes = _passes(analysis, region, dims.N)
+    epilogue = set(region.epilogue)
+    before, after = {}, {}
+    for node in region.nodes:
+        s = analysis.sketch(node)
+        if s is None or not (dims.N in s.reduced or node in epilogue or (dims.N in s.parallel and passes[node] > 1)):
+            continue  # ops already in the first pass and not reductions are left out
+        before[node.name] = f"{_fmt(*_demoted(s, dims.N))} pass {passes[node]}"
+        form = region.forms.get(node)
+        deferred = "".join(f", {f.op} by {f.row.name} after the loop" for f in (form.factors if form else ()))
+        after[node.name] = "after the loop" if node in epilogue else f"pass 1 (online){deferred}"
+    loops = max((passes[n] for n in region.nodes if n.name in before and n not in epilogue), default=1)
+    return Transformation(ALGEBRAIC, f"passes over {dim_name(dims.N)}: {loops} → 1", [], before, after)
+
+
+def _elimination(analysis, region, dims) -> Transformation:
+    tiles = {dims.M: f"{dim_name(dims.M)}/BM", dims.N: f"{dim_name(dims.N)}/BN"}
+    gone = set(dims.eliminated)
+    before, after = {}, {}
+    for node in region.nodes:
+        s = analysis.sketch(node)
+        if s is None:
+            continue
+        par, red = _demoted(s, dims.N)
+        if gone & set(par + red):
+            before[node.name] = _fmt(par, red)
+            after[node.name] = _fmt([d for d in par if d not in gone], [d for d in red if d not in gone], tiles)
+    consumer = analysis.sketch(region.chain.second)
+    grid = [d for d in consumer.parallel if d not in gone]
+    sizes = ", ".join(dim_name(d) for d in dims.eliminated)
+    summary = f"region {_fmt(grid, (dims.N,), tiles)}; {sizes} one tile each"
+    return Transformation(ELIMINATION, summary, [], before, after)
+
+
+BUILDERS = {DEMOTION: _demotion, ALGEBRAIC: _algebraic, ELIMINATION: _elimination}
+
+
+def transformations(analysis: GraphAnalysis, region: Region) -> list[Transformation]:
+    """The region's transformations in order, each with its rule lines and sketch changes."""
+    dims = _dims(analysis, region)
+    steps = {name: (BUILDERS[name](analysis, region, dims) if name in BUILDERS
+                    else Transformation(name, "", [], {}, {})) for name in ORDER}
+    for line in region.steps:
+        group = next((g for prefix, g in STEP_GROUPS.items() if line.startswith(prefix)), TILE_PROGRAM)
+        steps[group].rules.append(line)
+    return [t for t in steps.values() if t.rules or t.before]
+
+
+__all__ = ["Transformation", "transformations"]

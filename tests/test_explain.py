@@ -1,0 +1,96 @@
+"""explain(): each transformation's sketches before and after, and the memory-traffic estimate."""
+import re
+
+import pytest
+import torch
+
+import fxflash
+from fxflash.analysis.sketch import dim_name
+from fxflash.variants import VARIANTS, Shape
+
+SHAPE = Shape(B=2, H=3, Hkv=3, M=40, N=24, D=8, Dv=16)
+GQA = Shape(B=2, H=4, Hkv=2, M=40, N=24, D=8, Dv=16)
+
+
+def _parse(sketch: str) -> tuple[list, list]:
+    """``"[(d1, d2/BM), (d6)] pass 2"`` → (["d1", "d2/BM"], ["d6"])."""
+    par, red = re.match(r"\[\((.*?)\), \((.*?)\)\]", sketch).groups()
+    return [d for d in par.split(", ") if d], [d for d in red.split(", ") if d]
+
+
+def _fused_region(name, shape=SHAPE, dtype=torch.float32):
+    variant = VARIANTS[name]
+    args = variant.inputs(shape, dtype)
+    report = fxflash.explain(variant.fn, *args)
+    (region,) = report.regions
+    assert region.fused, region.reason
+    return region, args
+
+
+@pytest.mark.parametrize("name", ["vanilla", "manual_softmax", "causal"])
+def test_softmax_sketches_through_the_three_transformations(name):
+    region, _ = _fused_region(name)
+    steps = {t.name: t for t in region.transformations}
+    assert list(steps)[:3] == ["dimension demotion", "algebraic rewriting", "dimension elimination"]
+    n = dim_name(region.chain.demoted)
+    producer, consumer = region.chain.first.name, region.chain.second.name
+    d = _parse(region.sketches[producer])[1][0]
+    dv = _parse(region.sketches[consumer])[0][-1]
+
+    demotion = steps["dimension demotion"]
+    before, after = _parse(demotion.before[producer]), _parse(demotion.after[producer])
+    assert n in before[0] and n not in after[0] and after[1] == [n, d]
+    assert consumer not in demotion.before  # the consumer already reduces N
+
+    algebraic = steps["algebraic rewriting"]
+    assert algebraic.summary == f"passes over {n}: 3 → 1"  # amax; Σ exp(x - amax); ÷ and P·V
+    assert algebraic.before[consumer].endswith("pass 3") and algebraic.after[consumer].startswith("pass 1")
+    assert all(v.startswith("pass 1") or v == "after the loop" for v in algebraic.after.values())
+
+    elimination = steps["dimension elimination"]
+    tiled = _parse(elimination.after[consumer])
+    assert tiled[1] == [f"{n}/BN"] and tiled[0][-1].endswith("/BM") and dv not in tiled[0]
+    assert d not in _parse(elimination.after[producer])[1]
+    assert elimination.summary.startswith(f"region [({', '.join(tiled[0])}), ({n}/BN)]")
+
+
+def test_row_sum_without_a_maximum_needs_two_passes_before_rewriting():
+    region, _ = _fused_region("retention_norm")
+    (algebraic,) = [t for t in region.transformations if t.name == "algebraic rewriting"]
+    assert algebraic.summary.endswith(": 2 → 1")
+
+
+def test_streams_and_sparsity_are_reported_as_the_tile_program():
+    diff, _ = _fused_region("diff_attention", Shape(B=1, H=2, Hkv=2, M=16, N=16, D=8, Dv=8))
+    sliding, _ = _fused_region("sliding_window")
+    assert any(r.startswith("streams: 2") for r in diff.transformations[-1].rules)
+    assert sliding.transformations[-1].name == "tile program"
+    assert any(r.startswith("block sparsity") for r in sliding.transformations[-1].rules)
+
+
+@pytest.mark.parametrize("name, shape", [("vanilla", SHAPE), ("gqa_expand", GQA)])
+def test_fused_traffic_reads_each_input_once_and_writes_the_output(name, shape):
+    region, (q, k, v) = _fused_region(name, shape, torch.float16)
+    out = VARIANTS[name].fn(q, k, v)
+    assert region.traffic.fused == sum(t.numel() * t.element_size() for t in (q, k, v, out))
+    scores = shape.B * shape.H * shape.M * shape.N * 2  # one fp16 score matrix
+    assert region.traffic.eager >= region.traffic.fused + 4 * scores  # S, exp(S), P written and read
+    assert region.traffic.saved == region.traffic.eager - region.traffic.fused
+    assert str(region.traffic) in str(region)
+
+
+def test_index_expressions_count_as_eager_traffic_only():
+    plain, _ = _fused_region("vanilla")
+    masked, _ = _fused_region("causal")
+    assert masked.traffic.fused == plain.traffic.fused
+    assert masked.traffic.eager > plain.traffic.eager
+
+
+def test_refused_candidates_have_no_transformations():
+    def softmax_over_queries(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
+
+    q = torch.randn(1, 2, 8, 4)
+    (region,) = fxflash.explain(softmax_over_queries, q, q, q).regions
+    assert not region.fused and region.transformations == [] and region.traffic is None
+    assert region.rule == "online reduction" and region.stopped_at == "amax"
