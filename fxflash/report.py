@@ -7,6 +7,7 @@ import textwrap
 import torch.fx as fx
 
 from .analysis import GraphAnalysis
+from .analysis.sketch import dim_name
 from .analysis.traffic import Traffic
 from .patterns import Chain
 
@@ -27,6 +28,7 @@ class RegionReport:
     transformations: when fused, the Transformations (demotion, algebraic rewriting,
                elimination, tile program), each with the sketches it changed.
     traffic:   when fused, the estimated bytes of GPU memory traffic, eager vs fused.
+    eliminated: when fused, the names of the dimensions eliminated by tiling (D, Dv, …).
     """
 
     nodes: list
@@ -40,6 +42,12 @@ class RegionReport:
     steps: list = dataclasses.field(default_factory=list)
     transformations: list = dataclasses.field(default_factory=list)
     traffic: Traffic | None = None
+    eliminated: tuple = ()
+
+    @property
+    def demoted(self) -> str:
+        """The name of the demoted dimension (the key axis N)."""
+        return dim_name(self.chain.demoted)
 
     @property
     def status(self) -> str:

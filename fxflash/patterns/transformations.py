@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from ..analysis import GraphAnalysis
 from ..analysis.sketch import Sketch, dim_name
 from .region import Region
@@ -67,21 +66,22 @@ class Transformation:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Dims:
-    """The dimension ids of one region."""
+class RegionDims:
+    """The dimension ids of one region: the row axis, the demoted axis, and the axes
+    eliminated by tiling."""
 
     M: tuple
     N: tuple
     eliminated: tuple  # D, Dv and further head dims: one tile each
 
 
-def _dims(analysis: GraphAnalysis, region: Region) -> _Dims:
+def region_dims(analysis: GraphAnalysis, region: Region) -> RegionDims:
     axes, dim_id = analysis.dims.axes, analysis.dims.dim_id
     first, second = region.chain.first, region.chain.second
     contractions = [n for n in region.nodes if n in analysis.reduced and analysis.kinds[n].value == "contraction"]
     eliminated = [dim_id(analysis.reduced[c][0]) for c in contractions if c is not second]
     eliminated.append(dim_id(axes[second][-1]))
-    return _Dims(M=dim_id(axes[first][-2]), N=region.chain.demoted, eliminated=tuple(dict.fromkeys(eliminated)))
+    return RegionDims(M=dim_id(axes[first][-2]), N=region.chain.demoted, eliminated=tuple(dict.fromkeys(eliminated)))
 
 
 def _fmt(parallel, reduced, names=None) -> str:
@@ -164,7 +164,7 @@ BUILDERS = {DEMOTION: _demotion, ALGEBRAIC: _algebraic, ELIMINATION: _eliminatio
 
 def transformations(analysis: GraphAnalysis, region: Region) -> list[Transformation]:
     """The region's transformations in order, each with its rule lines and sketch changes."""
-    dims = _dims(analysis, region)
+    dims = region_dims(analysis, region)
     steps = {name: (BUILDERS[name](analysis, region, dims) if name in BUILDERS
                     else Transformation(name, "", [], {}, {})) for name in ORDER}
     for line in region.steps:
@@ -173,4 +173,4 @@ def transformations(analysis: GraphAnalysis, region: Region) -> list[Transformat
     return [t for t in steps.values() if t.rules or t.before]
 
 
-__all__ = ["Transformation", "transformations"]
+__all__ = ["RegionDims", "Transformation", "region_dims", "transformations"]
