@@ -10,7 +10,6 @@ import logging
 import torch.fx as fx
 
 from .analysis import analyse
-from .analysis.sketch import dim_name
 from .analysis.traffic import region_traffic
 from .config import config, interpreting
 from .patterns import find_chains
@@ -37,7 +36,7 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
     if region is not None:
         report.steps = list(region.steps)
         report.transformations = transformations(analysis, region)
-        report.eliminated = tuple(dim_name(d) for d in region_dims(analysis, region).eliminated)
+        report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]
         report.traffic = region_traffic(region.nodes, chain.inputs, plan.input_nodes, outputs, analysis.kinds)
     return report

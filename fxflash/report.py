@@ -10,6 +10,7 @@ from .analysis import GraphAnalysis
 from .analysis.sketch import dim_name
 from .analysis.traffic import Traffic
 from .patterns import Chain
+from .patterns.transformations import RegionDims
 
 
 @dataclasses.dataclass
@@ -28,7 +29,7 @@ class RegionReport:
     transformations: when fused, the Transformations (demotion, algebraic rewriting,
                elimination, tile program), each with the sketches it changed.
     traffic:   when fused, the estimated bytes of GPU memory traffic, eager vs fused.
-    eliminated: when fused, the names of the dimensions eliminated by tiling (D, Dv, …).
+    dims:      when fused, the RegionDims: ids of the row, demoted and eliminated dimensions.
     """
 
     nodes: list
@@ -42,7 +43,7 @@ class RegionReport:
     steps: list = dataclasses.field(default_factory=list)
     transformations: list = dataclasses.field(default_factory=list)
     traffic: Traffic | None = None
-    eliminated: tuple = ()
+    dims: RegionDims | None = None
 
     @property
     def demoted(self) -> str:

@@ -4,6 +4,7 @@ import torch
 
 import fxflash
 import fxflash.viz as viz
+from fxflash.analysis.sketch import dim_name
 from fxflash.viz.dot import have_dot
 from fxflash.viz.scene import DEMOTED_MARK, ELIMINATED_MARK, REFUSED_COLOUR, REFUSED_EDGE, build_scene
 from fxflash.variants import VARIANTS, Shape
@@ -73,9 +74,24 @@ def test_region_sketches_mark_the_demoted_and_eliminated_dimensions():
     region = report.regions[0]
     scene = build_scene(report)
     producer = scene.graph.nodes[region.chain.first.name]["label"]
-    assert f"{region.demoted}{DEMOTED_MARK}" in producer
-    assert all(f"{d}{ELIMINATED_MARK}" in scene.regions[0].title for d in region.eliminated)
-    assert any(f"{d}{ELIMINATED_MARK}" in producer for d in region.eliminated)  # D of QKᵀ
+    eliminated = [dim_name(d) for d in region.dims.eliminated]
+    assert producer.count(DEMOTED_MARK) == 1 and f"{region.demoted}{DEMOTED_MARK}" in producer
+    assert all(f"{d}{ELIMINATED_MARK}" in scene.regions[0].title for d in eliminated)
+    assert any(f"{d}{ELIMINATED_MARK}" in producer for d in eliminated)  # D of QKᵀ
+
+
+def test_self_attention_marks_the_key_axis_not_the_row_axis():
+    """q and k from one projection: rows and keys share a dimension id."""
+    x = torch.randn(2, 16, 8)
+
+    def self_attention(x):
+        return torch.softmax(x @ x.transpose(-1, -2), dim=-1) @ x
+
+    report = fxflash.explain(self_attention, x)
+    region = report.regions[0]
+    n = region.demoted
+    label = build_scene(report).graph.nodes[region.chain.first.name]["label"]
+    assert f"{n}, {n}{DEMOTED_MARK}" in label  # [(B, M, N↓), (D∅)] with M and N one id
 
 
 def test_collapse_folds_the_ops_outside_the_regions():

@@ -67,12 +67,27 @@ class Transformation:
 
 @dataclasses.dataclass(frozen=True)
 class RegionDims:
-    """The dimension ids of one region: the row axis, the demoted axis, and the axes
-    eliminated by tiling."""
+    """The dimension ids of one region: the row axis ``M``, the demoted axis ``N`` and the
+    axes eliminated by tiling. In self-attention ``M`` and ``N`` can share one id (both come
+    from the same sequence axis); a sketch then lists it twice, ``N`` last."""
 
     M: tuple
     N: tuple
     eliminated: tuple  # D, Dv and further head dims: one tile each
+
+    def has_key_axis(self, s: Sketch) -> bool:
+        """Whether ``N`` is a parallel dimension of ``s`` (a value in the score frame)."""
+        return s.parallel.count(self.N) > (1 if self.M == self.N and self.M in s.parallel else 0)
+
+    def demote(self, s: Sketch) -> tuple:
+        """``[(P, N), (R)] → [(P), (N, R)]``; other sketches unchanged."""
+        if not self.has_key_axis(s):
+            return s.parallel, s.reduced
+        last = len(s.parallel) - 1 - s.parallel[::-1].index(self.N)
+        return s.parallel[:last] + s.parallel[last + 1:], (self.N, *s.reduced)
+
+    def iterates(self, s: Sketch | None) -> bool:
+        return s is not None and (self.has_key_axis(s) or self.N in s.reduced)
 
 
 def region_dims(analysis: GraphAnalysis, region: Region) -> RegionDims:
@@ -84,29 +99,25 @@ def region_dims(analysis: GraphAnalysis, region: Region) -> RegionDims:
     return RegionDims(M=dim_id(axes[first][-2]), N=region.chain.demoted, eliminated=tuple(dict.fromkeys(eliminated)))
 
 
-def _fmt(parallel, reduced, names=None) -> str:
-    names = names or {}
-    return "[({}), ({})]".format(*(", ".join(names.get(d, dim_name(d)) for d in ds) for ds in (parallel, reduced)))
+def _fmt(parallel, reduced, parallel_names=None, reduced_names=None) -> str:
+    def names(ds, table):
+        return ", ".join((table or {}).get(d, dim_name(d)) for d in ds)
+
+    return f"[({names(parallel, parallel_names)}), ({names(reduced, reduced_names)})]"
 
 
-def _demoted(s: Sketch, n: tuple) -> tuple:
-    if n not in s.parallel:
-        return s.parallel, s.reduced
-    return tuple(d for d in s.parallel if d != n), (n, *s.reduced)
-
-
-def _passes(analysis: GraphAnalysis, region: Region, n: tuple) -> dict:
+def _passes(analysis: GraphAnalysis, region: Region, dims: RegionDims) -> dict:
     """The pass over ``N`` that computes each region node in the unfused program, where an op
     iterating over ``N`` can read a row value only after the pass that finished it."""
     passes: dict = {}
     finished: set = set()  # row values known only after a pass over N
     for node in region.nodes:
         s = analysis.sketch(node)
-        iterates = s is not None and (n in s.parallel or n in s.reduced)
+        iterates = dims.iterates(s)
         passes[node] = max([1] + [passes[a] + (a in finished and iterates)
                                   for a in node.all_input_nodes if a in passes])
-        if s is not None and n not in s.parallel and (
-                n in s.reduced or any(a in finished for a in node.all_input_nodes)):
+        if s is not None and not dims.has_key_axis(s) and (
+                dims.N in s.reduced or any(a in finished for a in node.all_input_nodes)):
             finished.add(node)
     return passes
 
@@ -115,9 +126,9 @@ def _demotion(analysis, region, dims) -> Transformation:
     before, after = {}, {}
     for node in region.nodes:
         s = analysis.sketch(node)
-        if s is not None and dims.N in s.parallel:
+        if s is not None and dims.has_key_axis(s):
             before[node.name] = str(s)
-            after[node.name] = _fmt(*_demoted(s, dims.N))
+            after[node.name] = _fmt(*dims.demote(s))
     consumer = analysis.sketch(region.chain.second)
     producer = analysis.sketch(region.chain.first)
     summary = f"region {_fmt(consumer.parallel, (dims.N, *producer.reduced))}"
@@ -125,14 +136,14 @@ def _demotion(analysis, region, dims) -> Transformation:
 
 
 def _algebraic(analysis, region, dims) -> Transformation:
-    passes = _passes(analysis, region, dims.N)
+    passes = _passes(analysis, region, dims)
     epilogue = set(region.epilogue)
     before, after = {}, {}
     for node in region.nodes:
         s = analysis.sketch(node)
-        if s is None or not (dims.N in s.reduced or node in epilogue or (dims.N in s.parallel and passes[node] > 1)):
+        if s is None or not (dims.N in s.reduced or node in epilogue or (dims.has_key_axis(s) and passes[node] > 1)):
             continue  # ops already in the first pass and not reductions are left out
-        before[node.name] = f"{_fmt(*_demoted(s, dims.N))} pass {passes[node]}"
+        before[node.name] = f"{_fmt(*dims.demote(s))} pass {passes[node]}"
         form = region.forms.get(node)
         deferred = "".join(f", {f.op} by {f.row.name} after the loop" for f in (form.factors if form else ()))
         after[node.name] = "after the loop" if node in epilogue else f"pass 1 (online){deferred}"
@@ -141,21 +152,21 @@ def _algebraic(analysis, region, dims) -> Transformation:
 
 
 def _elimination(analysis, region, dims) -> Transformation:
-    tiles = {dims.M: f"{dim_name(dims.M)}/BM", dims.N: f"{dim_name(dims.N)}/BN"}
+    rows, keys = {dims.M: f"{dim_name(dims.M)}/BM"}, {dims.N: f"{dim_name(dims.N)}/BN"}
     gone = set(dims.eliminated)
     before, after = {}, {}
     for node in region.nodes:
         s = analysis.sketch(node)
         if s is None:
             continue
-        par, red = _demoted(s, dims.N)
+        par, red = dims.demote(s)
         if gone & set(par + red):
             before[node.name] = _fmt(par, red)
-            after[node.name] = _fmt([d for d in par if d not in gone], [d for d in red if d not in gone], tiles)
+            after[node.name] = _fmt([d for d in par if d not in gone], [d for d in red if d not in gone], rows, keys)
     consumer = analysis.sketch(region.chain.second)
     grid = [d for d in consumer.parallel if d not in gone]
     sizes = ", ".join(dim_name(d) for d in dims.eliminated)
-    summary = f"region {_fmt(grid, (dims.N,), tiles)}; {sizes} one tile each"
+    summary = f"region {_fmt(grid, (dims.N,), rows, keys)}; {sizes} fit one tile"
     return Transformation(ELIMINATION, summary, [], before, after)
 
 

@@ -8,10 +8,10 @@ sketches the demoted dimension is marked ``↓`` and the dimensions eliminated b
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import networkx as nx
 
+from ..analysis.sketch import dim_name
 from ..report import Report
 
 DEMOTED_MARK = "↓"
@@ -51,18 +51,23 @@ class Scene:
         return {"io": IO_COLOUR, "collapsed": COLLAPSED_COLOUR}.get(attrs["kind"], PLAIN_COLOUR)
 
 
-def _mark(sketch: str, demoted: str, eliminated: tuple) -> str:
-    marks = {demoted: DEMOTED_MARK, **{d: ELIMINATED_MARK for d in eliminated}}
-    if not sketch:
-        return sketch
-    # dimension names are d<k> or (d<i>·d<j>); mark whole names only
-    return re.sub(r"\((?:d\d+·)+d\d+\)|d\d+", lambda m: m.group(0) + marks.get(m.group(0), ""), sketch)
+def _marked_sketch(sketch, dims) -> str:
+    """The sketch with the demoted dimension marked ``↓`` (in a score-frame value: the last
+    occurrence of N, as rows and keys may share an id) and the eliminated ones ``∅``."""
+    par, red = sketch.parallel, sketch.reduced
+    key_at = len(par) - 1 - par[::-1].index(dims.N) if dims.has_key_axis(sketch) else None
+
+    def mark(ds, key_index):
+        return ", ".join(dim_name(d) + (DEMOTED_MARK if i == key_index else
+                                        ELIMINATED_MARK if d in dims.eliminated else "") for i, d in enumerate(ds))
+
+    return f"[({mark(par, key_at)}), ({mark(red, red.index(dims.N) if dims.N in red else None)})]"
 
 
 def _title(index: int, region) -> str:
     dims = f"demoted {region.demoted}{DEMOTED_MARK}"
     if region.fused:
-        gone = ", ".join(f"{d}{ELIMINATED_MARK}" for d in region.eliminated)
+        gone = ", ".join(f"{dim_name(d)}{ELIMINATED_MARK}" for d in region.dims.eliminated)
         return f"region {index}: fused · {dims} · eliminated {gone}"
     at = f" at {region.stopped_at}" if region.stopped_at else ""
     return f"region {index}: not fused · {region.rule}{at}"
@@ -108,10 +113,9 @@ def build_scene(report: Report, highlight: bool = True, collapse: bool = True) -
         if box_of[n] != n.name:
             continue
         index = owner.get(n.name)
-        sketch = str(analysis.sketch(n) or "")
-        if index is not None:
-            region = report.regions[index]
-            sketch = _mark(sketch, region.demoted, region.eliminated)
+        sketch = analysis.sketch(n)
+        dims = report.regions[index].dims if index is not None else None
+        sketch = _marked_sketch(sketch, dims) if sketch is not None and dims is not None else str(sketch or "")
         op = _op_label(n) if n.op == "call_function" and not n.name.startswith(_op_label(n)) else ""
         label = "\n".join(x for x in (n.name, op, sketch) if x)
         graph.add_node(n.name, label=label, region=index, kind="io" if n in io else "op")
