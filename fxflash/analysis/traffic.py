@@ -55,9 +55,17 @@ def _val(node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+def _hint(x) -> int:
+    """The example value of a size or stride. A symbolic size (``dynamic=True``) is read from
+    its hint, never compared or converted, which would add a guard and recompile."""
+    if isinstance(x, torch.SymInt):
+        return x.node.hint or 0
+    return int(x)
+
+
 def logical_bytes(node: fx.Node) -> int:
     val = _val(node)
-    return 0 if val is None else val.numel() * val.element_size()
+    return 0 if val is None else math.prod(_hint(s) for s in val.shape) * val.element_size()
 
 
 def stored_bytes(node: fx.Node) -> int:
@@ -65,7 +73,7 @@ def stored_bytes(node: fx.Node) -> int:
     val = _val(node)
     if val is None:
         return 0
-    return math.prod(int(s) for s, st in zip(val.shape, val.stride()) if st != 0) * val.element_size()
+    return math.prod(_hint(s) for s, st in zip(val.shape, val.stride()) if _hint(st) != 0) * val.element_size()
 
 
 def _materializes(node: fx.Node, kinds: dict) -> bool:

@@ -775,10 +775,11 @@ class _Printer:
                 f"triton.Config({{'BLOCK_M': {bm}, 'BLOCK_N': {bn}}}, num_warps={w}, num_stages={st})"
                 for bm, bn, w, st in configs)
             decorators.insert(0, f"@triton.autotune(configs=[{listed}], key=['M', 'N'])")
+        used = [src for name, src in HELPERS.items() if any(f"{name}(" in line for line in body)]
         return "\n".join([
             "import triton",
             "import triton.language as tl",
-            HELPERS,
+            *used,
             *decorators,
             f"def {self.name}({params}):",
             *body,

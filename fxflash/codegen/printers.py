@@ -163,8 +163,10 @@ PRINTERS = {
     aten.alias: _unary("{}"),
 }
 
-# Helpers every generated module defines (exact in the interpreter and on GPUs alike).
-HELPERS = '''
+# Helper functions a generated module defines when its kernel calls them: name → source
+# (exact in the interpreter and on GPUs alike).
+HELPERS = {
+    "_fx_tanh": '''
 @triton.jit
 def _fx_tanh(x):
     # tanh(x) = sign(x)·(1 - e)/(1 + e), e = exp(-2|x|); below |x| = 1/4 the Taylor series
@@ -181,4 +183,5 @@ def _fx_tanh(x):
     small = ax * (1.0 + x2 * poly)
     t = tl.where(ax < 0.25, small, big)
     return tl.where(x < 0, -t, t)
-'''
+''',
+}

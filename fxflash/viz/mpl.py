@@ -10,8 +10,8 @@ import networkx as nx
 
 from .scene import DEMOTED_MARK, ELIMINATED_MARK, REFUSED_EDGE, Scene
 
-BOX_W, BOX_H = 2.3, 0.78   # inches
-STEP_X, STEP_Y = 2.6, 1.15
+BOX_W, BOX_H = 2.3, 0.6    # inches
+STEP_X, STEP_Y = 2.6, 0.9
 FONT = 6.5
 LEGEND = f"{DEMOTED_MARK} demoted: parallel → reduction      {ELIMINATED_MARK} eliminated: one tile"
 
