@@ -28,12 +28,19 @@ class Config:
                      at the first call (``FXFLASH_AUTOTUNE=0`` takes the first one untimed).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
+    exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
+                     fused multiply-add per score, rules.Homomorphism); ``FXFLASH_EXP2_FMA=0``
+                     keeps ``tl.exp`` (for A/B measurements).
+    fold_score_scale: apply ``S * c`` with ``c`` a power of two to the loaded Q tile (exact);
+                     ``FXFLASH_FOLD_SCORE_SCALE=0`` scales every score (for A/B measurements).
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
+    exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
+    fold_score_scale: bool = os.environ.get("FXFLASH_FOLD_SCORE_SCALE", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )

@@ -25,6 +25,7 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
+from ..config import config
 from ..patterns.region import ROW as ROW_FORM, ROW_LAYOUTS, Region
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, MAX_HEAD_DIM, ONLINE_REDUCTIONS
@@ -563,7 +564,9 @@ class _Printer:
         if p in HOMOMORPHISMS and form is not None and form.scale is not None and r.forms.get(shift) == ROW_FORM:
             # E(x - r) printed as E(x - m) against the running maximum m (rules.HOMOMORPHISMS)
             x = self.vars[shift.args[0]]
-            code = HOMOMORPHISMS[p].apply.format(x=x.code, m=f"mu_{form.scale.name}{self.sfx()}")
+            hom = HOMOMORPHISMS[p]
+            fma = hom.apply_fma is not None and config.exp2_fma and r.q.node.meta["val"].element_size() == 2
+            code = (hom.apply_fma if fma else hom.apply).format(x=x.code, m=f"mu_{form.scale.name}{self.sfx()}")
             self.vars[node] = self.place(code, True, "e")
             return
         if node in r.passthrough:

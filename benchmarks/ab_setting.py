@@ -1,0 +1,93 @@
+"""A/B timing of one fxflash setting in one process, on the same inputs.
+
+    PYTHONPATH=. python benchmarks/ab_setting.py --setting exp2_fma [fold_score_scale …] \
+        --variants vanilla alibi causal --seqlens 1024 4096 16384 [--out CSV]
+
+For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch × seqlen = 16k
+tokens) fxflash is compiled twice, with the ``fxflash.config`` settings all False (A) and all
+True (B), each autotuned as usual; then A and B are timed alternately ``--rounds`` times
+(``triton.testing.do_bench`` medians) and the median of each side is reported with B/A
+(below 1: the setting helps). Both outputs are checked against FlexAttention.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import case, check, flex_api, warm_up_gpu  # noqa: E402
+
+import fxflash  # noqa: E402
+
+FIELDS = "setting,variant,B,H,S,D,a_ms,b_ms,b_over_a,device,torch,triton".split(",")
+
+
+def compiled_with(fn, args, settings: list, value: bool):
+    """An optimized callable compiled (and autotuned) with each ``config.<setting> = value``."""
+    old = {s: getattr(fxflash.config, s) for s in settings}
+    for s in settings:
+        setattr(fxflash.config, s, value)
+    try:
+        fast = fxflash.optimize(fn)
+        fast(*args)
+        torch.cuda.synchronize()
+    finally:
+        for s, v in old.items():
+            setattr(fxflash.config, s, v)
+    return fast
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", nargs="+", required=True, help="boolean fields of fxflash.config")
+    parser.add_argument("--variants", nargs="+", default=["vanilla"])
+    parser.add_argument("--seqlens", nargs="+", type=int, default=[4096])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    opts = parser.parse_args()
+    for setting in opts.setting:
+        if not isinstance(getattr(fxflash.config, setting, None), bool):
+            raise SystemExit(f"fxflash.config has no boolean setting {setting!r}")
+    label = "+".join(opts.setting)
+    warm_up_gpu()
+    flex, _ = flex_api()
+    rows = []
+    H, D, tokens = 16, 64, 16384
+    for S in opts.seqlens:
+        B = max(1, tokens // S)
+        for name in opts.variants:
+            fn, args, score_mod, mask_mod, _ = case(name, B, H, H, S, D, "cuda", torch.bfloat16)
+            a, b = (compiled_with(fn, args, opts.setting, value) for value in (False, True))
+            if mask_mod is None:
+                reference = flex(*args[:3], score_mod=score_mod)
+                for label, fast in (("A", a), ("B", b)):
+                    check(fast(*args), reference, f"{name} S={S} {label}")
+            times = {"A": [], "B": []}
+            for _ in range(opts.rounds):
+                for label, fast in (("A", a), ("B", b)):
+                    times[label].append(triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100,
+                                                                return_mode="median"))
+            a_ms, b_ms = statistics.median(times["A"]), statistics.median(times["B"])
+            rows.append(dict(setting=label, variant=name, B=B, H=H, S=S, D=D, a_ms=f"{a_ms:.4f}",
+                             b_ms=f"{b_ms:.4f}", b_over_a=f"{b_ms / a_ms:.3f}", device=torch.cuda.get_device_name(),
+                             torch=torch.__version__, triton=triton.__version__))
+            print(f"{name:<16} S={S:<6} B={B:<3} {label} off {a_ms:.3f} ms  on {b_ms:.3f} ms  "
+                  f"B/A {b_ms / a_ms:.3f}", flush=True)
+            torch._dynamo.reset()
+    if opts.out:
+        new = not os.path.exists(opts.out)
+        with open(opts.out, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            if new:
+                writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
