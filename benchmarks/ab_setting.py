@@ -54,7 +54,7 @@ def main() -> None:
     for setting in opts.setting:
         if not isinstance(getattr(fxflash.config, setting, None), bool):
             raise SystemExit(f"fxflash.config has no boolean setting {setting!r}")
-    label = "+".join(opts.setting)
+    settings = "+".join(opts.setting)
     warm_up_gpu()
     flex, _ = flex_api()
     rows = []
@@ -74,10 +74,10 @@ def main() -> None:
                     times[label].append(triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100,
                                                                 return_mode="median"))
             a_ms, b_ms = statistics.median(times["A"]), statistics.median(times["B"])
-            rows.append(dict(setting=label, variant=name, B=B, H=H, S=S, D=D, a_ms=f"{a_ms:.4f}",
+            rows.append(dict(setting=settings, variant=name, B=B, H=H, S=S, D=D, a_ms=f"{a_ms:.4f}",
                              b_ms=f"{b_ms:.4f}", b_over_a=f"{b_ms / a_ms:.3f}", device=torch.cuda.get_device_name(),
                              torch=torch.__version__, triton=triton.__version__))
-            print(f"{name:<16} S={S:<6} B={B:<3} {label} off {a_ms:.3f} ms  on {b_ms:.3f} ms  "
+            print(f"{name:<16} S={S:<6} B={B:<3} {settings} off {a_ms:.3f} ms  on {b_ms:.3f} ms  "
                   f"B/A {b_ms / a_ms:.3f}", flush=True)
             torch._dynamo.reset()
     if opts.out:

@@ -25,11 +25,11 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
-from ..config import config
+from ..config import config, interpreting
 from ..patterns.region import ROW as ROW_FORM, ROW_LAYOUTS, Region
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, MAX_HEAD_DIM, ONLINE_REDUCTIONS
-from .printers import HELPERS, PRINTERS, Unprintable, compute_dtype, literal
+from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -778,10 +778,12 @@ class _Printer:
                 f"triton.Config({{'BLOCK_M': {bm}, 'BLOCK_N': {bn}}}, num_warps={w}, num_stages={st})"
                 for bm, bn, w, st in configs)
             decorators.insert(0, f"@triton.autotune(configs=[{listed}], key=['M', 'N'])")
-        used = [src for name, src in HELPERS.items() if any(f"{name}(" in line for line in body)]
+        helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
+        used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in body)]
         return "\n".join([
             "import triton",
             "import triton.language as tl",
+            *(["from triton.language.extra import libdevice"] if not interpreting() else []),
             *used,
             *decorators,
             f"def {self.name}({params}):",

@@ -163,8 +163,16 @@ PRINTERS = {
     aten.alias: _unary("{}"),
 }
 
-# Helper functions a generated module defines when its kernel calls them: name → source
-# (exact in the interpreter and on GPUs alike).
+# Helper functions a generated module defines when its kernel calls them: name → source.
+# GPU_HELPERS replace them on GPUs with CUDA's libdevice (same accuracy, fewer instructions:
+# no IEEE division); the interpreter has no libdevice.
+GPU_HELPERS = {
+    "_fx_tanh": '''
+@triton.jit
+def _fx_tanh(x):
+    return libdevice.tanh(x.to(tl.float32))
+''',
+}
 HELPERS = {
     "_fx_tanh": '''
 @triton.jit
