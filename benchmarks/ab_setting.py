@@ -1,6 +1,6 @@
 """A/B timing of one fxflash setting in one process, on the same inputs.
 
-    PYTHONPATH=. python benchmarks/ab_setting.py --setting exp2_fma [fold_score_scale …] \
+    PYTHONPATH=. python benchmarks/ab_setting.py --setting exp2_fma [another_setting …] \
         --variants vanilla alibi causal --seqlens 1024 4096 16384 [--out CSV]
 
 For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch × seqlen = 16k

@@ -31,8 +31,6 @@ class Config:
     exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
                      fused multiply-add per score, rules.Homomorphism); ``FXFLASH_EXP2_FMA=0``
                      keeps ``tl.exp`` (for A/B measurements).
-    fold_score_scale: apply ``S * c`` with ``c`` a power of two to the loaded Q tile (exact);
-                     ``FXFLASH_FOLD_SCORE_SCALE=0`` scales every score (for A/B measurements).
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
@@ -40,7 +38,6 @@ class Config:
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
-    fold_score_scale: bool = os.environ.get("FXFLASH_FOLD_SCORE_SCALE", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )

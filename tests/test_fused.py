@@ -426,13 +426,3 @@ def test_exp_is_printed_as_exp2_with_a_fused_multiply_add_for_16_bit_inputs_only
     assert ("= tl.exp(t" in source) != fma
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
-
-@pytest.mark.parametrize("d, folded", [(16, True), (24, False)])
-def test_a_power_of_two_score_scale_moves_to_the_q_tile(d, folded):
-    """S·c = (Q·c)·Kᵀ exactly when c is a power of two (1/√16); 1/√24 stays on the scores."""
-    variant = VARIANTS["vanilla"]
-    args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=20, N=36, D=d, Dv=8))
-    region = fxflash.explain(variant.fn, *args).regions[0]
-    assert any(step.startswith("scale: ") for step in region.steps) == folded
-    assert ("q = (q.to(tl.float32) * 0.25)" in region.source) == folded
-    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))

@@ -23,7 +23,6 @@ import torch.fx as fx
 from ..analysis import GraphAnalysis, OpKind
 from ..analysis.ops import RANDOM, constant_value, packet
 from ..analysis.sketch import dim_name
-from ..config import config
 from .chains import Chain
 from .sparsity import skippable_masks
 from .rules import (
@@ -208,20 +207,6 @@ def _scalar_scale(node: fx.Node):
     if _shape(x) != _shape(node) or x.meta["val"].dtype != node.meta["val"].dtype:
         return None
     return SCALAR_SCALES[packet(node.target)], c
-
-
-def _exact_score_scale(frame: fx.Node, region_nodes: set) -> fx.Node | None:
-    """The scores' only user when it is ``S * c`` or ``S / c`` with ``c`` a power of two: then
-    ``S·c = (Q·c)·Kᵀ`` exactly (scaling by a power of two only moves exponents), so the kernel
-    applies it to the loaded Q tile instead of to every score."""
-    if len(frame.users) != 1:
-        return None
-    (node,) = frame.users
-    factor = _scalar_scale(node)
-    if node not in region_nodes or factor is None:
-        return None
-    c = float(factor[1])
-    return node if c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5 else None
 
 
 def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Operand:
@@ -609,10 +594,6 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
                 and n not in infer.absorbed]
     loop_nodes = [n for n in dag if n not in epilogue]
     q = _walk_operand(first.args[0], M, D, region_nodes)
-    exact_scale = _exact_score_scale(frame, region_nodes) if config.fold_score_scale else None
-    if exact_scale is not None:  # S·c = (Q·c)·Kᵀ exactly: one multiply per Q element, not per score
-        q = dataclasses.replace(q, scale=q.scale + (_scalar_scale(exact_scale),))
-        infer.passthrough[exact_scale] = frame
     k = _walk_operand(first.args[1], D, N, region_nodes)
     v = _walk_operand(second.args[1], N, Dv, region_nodes)
     steps = [
@@ -628,9 +609,6 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
            f"per key tile beside {first.name}"] if partners else []),
         *([f"epilogue: {', '.join(op.name for op in chain.output_ops)} applied to the output tile before "
            f"it is stored"] if chain.output_ops else []),
-        *([f"scale: {exact_scale.name} = scores {dict(mul='×', div='÷')[_scalar_scale(exact_scale)[0]]} "
-           f"{exact_scale.args[1]} (a power of two) is applied to the loaded Q tile, exactly, instead of to "
-           "every score"] if exact_scale else []),
     ]
     region = Region(
         chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, dag=loop_nodes,
@@ -639,6 +617,8 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         split=split, combined=combined, output_ops=list(chain.output_ops),
         side_outputs=list(chain.escapes), squeezed=infer.squeezed, partners=partners, rescales=infer.rescales,
     )
+    from ..config import config
+
     region.tile_masks = skippable_masks(region, analysis.kinds) if config.block_sparsity else []
     for mask in region.tile_masks:
         steps.append(f"block sparsity: a key tile is skipped when {mask.condition.name} is "
