@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..analysis import GraphAnalysis
+from ..analysis import GraphAnalysis, OpKind
 from ..analysis.sketch import Sketch, dim_name
 from .region import Region
 
@@ -93,7 +93,7 @@ class RegionDims:
 def region_dims(analysis: GraphAnalysis, region: Region) -> RegionDims:
     axes, dim_id = analysis.dims.axes, analysis.dims.dim_id
     first, second = region.chain.first, region.chain.second
-    contractions = [n for n in region.nodes if n in analysis.reduced and analysis.kinds[n].value == "contraction"]
+    contractions = [n for n in region.nodes if analysis.kinds[n] is OpKind.CONTRACTION]
     eliminated = [dim_id(analysis.reduced[c][0]) for c in contractions if c is not second]
     eliminated.append(dim_id(axes[second][-1]))
     return RegionDims(M=dim_id(axes[first][-2]), N=region.chain.demoted, eliminated=tuple(dict.fromkeys(eliminated)))
