@@ -42,12 +42,14 @@ class Traffic:
                 f"{_human(self.saved)} saved{share}")
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+def _human(n: float) -> str:
+    if abs(n) < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB"):
         n /= 1000
-    return ""
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"
 
 
 def _val(node) -> torch.Tensor | None:

@@ -50,13 +50,11 @@ class KernelPlan:
     out_dtype: torch.dtype
     d: int
     dv: int
-    autotuned: bool = False
-    elem_bytes: int = 2
+    autotuned: bool = False  # the source is decorated with triton.autotune over ``configs``
+    configs: tuple = ()      # (BLOCK_M, BLOCK_N, warps, stages) that fit the kernel, first the default
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
     side_dtypes: tuple = ()  # dtypes of the row values stored beside the output (a logsumexp)
     partner_dims: tuple = ()  # head dims of further score contractions
-    streams: int = 1         # score maps per program (tile_configs)
-    accumulators: int = 1    # [BLOCK_M, Dv] fp32 accumulators per program
     out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
                                     # (None: contiguous, stored without strides)
 
@@ -447,7 +445,7 @@ class _Printer:
         return rule(*(a.bound for a in args))
 
     # -- the kernel ----------------------------------------------------------------------
-    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list | None) -> KernelPlan:
+    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list, autotune: bool) -> KernelPlan:
         self.kinds = kinds
         r = self.r
         self.order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
@@ -521,9 +519,11 @@ class _Printer:
                     name = f"{red.node.name}{self.sfx(st)}"
                     self.loop.append(f"acc_{name} = new_{name}")
         self.epilogue(terms, out_dtype)
-        return KernelPlan(self.name, self.source(configs), self.args, self.inputs, fb, out_dtype, r.D, r.Dv,
-                          autotuned=bool(configs), index_bound=self.index_bound,
-                          elem_bytes=r.q.node.meta["val"].element_size(),
+        return KernelPlan(self.name, self.source(configs if autotune else None), self.args, self.inputs, fb,
+                          out_dtype, r.D, r.Dv, autotuned=autotune, configs=tuple(configs),
+                          index_bound=self.index_bound,
+                          side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
+                          partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None)
 
     def partner_scores(self, j: int, partner, precision: str) -> None:
@@ -877,12 +877,8 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region", autot
     streams = region.split.count if region.split is not None else 1
     # further score contractions hold their Q' and K' tiles too: counted as a wider head dim
     d = region.D + sum(_pow2(p.d) for p in region.partners)
-    configs = tile_configs(d, region.Dv, elem_bytes, streams, len(region.terms)) if autotune else None
-    plan = _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
-    plan.streams, plan.accumulators = streams, len(region.terms)
-    plan.side_dtypes = tuple(n.meta["val"].dtype for n in region.side_outputs)
-    plan.partner_dims = tuple(p.d for p in region.partners)
-    return plan
+    configs = tile_configs(d, region.Dv, elem_bytes, streams, len(region.terms))
+    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs, autotune)
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

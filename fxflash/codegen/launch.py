@@ -9,9 +9,7 @@ import torch
 import triton
 
 from ..config import interpreting
-from .emit import KernelPlan, _pow2, block_dims_of, tile_configs
-
-
+from .emit import KernelPlan, block_dims_of
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
 # threads take turns (compiled GPU kernels launch concurrently).
@@ -27,19 +25,20 @@ def tile_config(plan: KernelPlan, device: torch.device) -> dict:
     small test shapes cross several tiles; otherwise the first autotuning candidate."""
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-    bm, bn, warps, stages = tile_configs(plan.d + sum(_pow2(d) for d in plan.partner_dims), plan.dv, plan.elem_bytes, plan.streams,
-                                         plan.accumulators)[0]
+    bm, bn, warps, stages = plan.configs[0]
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
-def empty_output(plan: KernelPlan, shape: list, like: torch.Tensor) -> torch.Tensor:
-    """The kernel's result: contiguous, or laid out in ``plan.out_order`` (eager's layout of
-    the region's last op)."""
+def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
+    """``[result, *row values]`` of the given shapes, uninitialized: the result contiguous, or
+    laid out in ``plan.out_order`` (eager's layout of the region's last op); the row values
+    (a logsumexp) contiguous."""
+    sides = [like.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes[1:], plan.side_dtypes)]
     if plan.out_order is None:
-        return like.new_empty(shape, dtype=plan.out_dtype)
+        return [like.new_empty(shapes[0], dtype=plan.out_dtype), *sides]
     order = plan.out_order
     inverse = sorted(range(len(order)), key=order.__getitem__)
-    return like.new_empty([shape[a] for a in order], dtype=plan.out_dtype).permute(inverse)
+    return [like.new_empty([shapes[0][a] for a in order], dtype=plan.out_dtype).permute(inverse), *sides]
 
 
 def _arg(spec, inputs, frame, out, sides):
@@ -63,8 +62,7 @@ def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list
     """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shapes`` the shapes of the
     result and of the row values stored beside it. Returns [result, *row values]."""
     device = inputs[0].device
-    out = empty_output(plan, out_shapes[0], inputs[0])
-    sides = [inputs[0].new_empty(shape, dtype=dtype) for shape, dtype in zip(out_shapes[1:], plan.side_dtypes)]
+    out, *sides = empty_results(plan, out_shapes, inputs[0])
     batch = math.prod(frame[:-2])
     args = [_arg(spec, inputs, frame, out, sides) for spec in plan.args]
     if plan.autotuned:

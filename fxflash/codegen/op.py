@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from .emit import KernelPlan
-from .launch import empty_output, launch
+from .launch import empty_results, launch
 
 
 @dataclasses.dataclass
@@ -84,8 +84,7 @@ def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list
 def _region_fake(key, inputs, sizes, scalars):
     entry = registered(key)
     _, shapes, _ = entry.split(sizes)
-    sides = [inputs[0].new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes[1:], entry.plan.side_dtypes)]
-    return [empty_output(entry.plan, shapes[0], inputs[0]), *sides]
+    return empty_results(entry.plan, shapes, inputs[0])
 
 
 def _setup_context(ctx, inputs, output):

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis import GraphAnalysis, OpKind
+from ..analysis.dims import reduction_dims
 from ..analysis.ops import packet
 from ..analysis.sketch import dim_name
 
@@ -199,10 +200,9 @@ def _is_output_op(analysis: GraphAnalysis, node: fx.Node, last: fx.Node) -> bool
     tile = last.meta["val"].numel()
     if kind is OpKind.REDUCTION:
         src = node.args[0].meta["val"]
-        dims = node.args[1] if len(node.args) > 1 else None
-        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-        return (p in OUTPUT_REDUCTIONS and src.numel() == tile and keepdim and dims is not None
-                and [d % src.dim() for d in dims] == [src.dim() - 1] and node.kwargs.get("dtype") is None)
+        dims, keepdim = reduction_dims(node)
+        return (p in OUTPUT_REDUCTIONS and src.numel() == tile and keepdim and dims == [src.dim() - 1]
+                and node.kwargs.get("dtype") is None)
     if p in EPILOGUE_LAYOUTS:
         return val.numel() == tile
     rows = tile // max(1, int(last.meta["val"].shape[-1]))

@@ -21,8 +21,10 @@ import torch
 import torch.fx as fx
 
 from ..analysis import GraphAnalysis, OpKind
+from ..analysis.dims import reduction_dims
 from ..analysis.ops import RANDOM, constant_value, packet
 from ..analysis.sketch import dim_name
+from ..config import config
 from .chains import Chain
 from .sparsity import skippable_masks
 from .rules import (
@@ -209,6 +211,16 @@ def _scalar_scale(node: fx.Node):
     return SCALAR_SCALES[packet(node.target)], c
 
 
+def _keeps_tile(node: fx.Node, src: fx.Node, want: tuple, batch: int) -> bool:
+    """Whether the layout op ``node`` only regroups the batch axes of ``src``, a
+    ``[*batch', *want]`` tensor with the same batch size: not an expand that broadcasts (then
+    the value is not computed per batch)."""
+    s = _shape(src)
+    if len(s) < 2 or s[-2:] != want or math.prod(s[:-2]) != batch:
+        return False
+    return not (_is(node, aten.expand) and tuple(node.args[1]) != s)
+
+
 def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Operand:
     """Follow batch-only regroupings (views, copies, identity expands), transposes of the
     last two axes and multiplications by a Python number back to the earliest tensor that still
@@ -229,12 +241,8 @@ def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Ope
             continue
         if not (_is(current, *BATCH_REGROUP) or _swaps_last_two(current)):
             break
-        s = _shape(src)
         swap = _swaps_last_two(current)
-        want = (cols, rows) if swap != transposed else (rows, cols)
-        if len(s) < 2 or s[-2:] != want or math.prod(s[:-2]) != batch:
-            break
-        if _is(current, aten.expand) and tuple(current.args[1]) != s:
+        if not _keeps_tile(current, src, (cols, rows) if swap != transposed else (rows, cols), batch):
             break
         current, transposed = src, transposed != swap
     return Operand(current, len(_shape(current)) - 2, transposed, tuple(scale))
@@ -257,15 +265,9 @@ def _p_in_frame(second: fx.Node, region_nodes: set) -> tuple[fx.Node, list]:
     node, walked = second.args[0], []
     rows, cols = _shape(node)[-2:]
     batch = math.prod(_shape(node)[:-2])
-    while node in region_nodes and (_is(node, aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.clone)):
-        src = node.args[0]
-        s = _shape(src)
-        if len(s) < 2 or s[-2:] != (rows, cols) or math.prod(s[:-2]) != batch:
-            break
-        if _is(node, aten.expand) and tuple(node.args[1]) != s:
-            break  # a broadcast: the value is not computed per output batch
+    while node in region_nodes and _is(node, *BATCH_REGROUP) and _keeps_tile(node, node.args[0], (rows, cols), batch):
         walked.append(node)
-        node = src
+        node = node.args[0]
     return node, walked
 
 
@@ -298,6 +300,9 @@ class StreamSplit:
     selects: dict
 
 
+MAX_STREAMS = 4  # streams are unrolled in the kernel: each holds its own Q tile and accumulator
+
+
 def _stream_split(frame_shape: tuple, out_shape: tuple, region_nodes: set) -> StreamSplit:
     for view in region_nodes:
         if not _is(view, aten.view, aten._unsafe_view, aten.reshape) or _shape(view.args[0]) != frame_shape:
@@ -324,8 +329,6 @@ def _stream_split(frame_shape: tuple, out_shape: tuple, region_nodes: set) -> St
     raise FusionRefused("dimension demotion", None, f"the consumer's operand (frame {list(out_shape)}) is not "
                         f"the score tile's frame {list(frame_shape)} nor a selection of streams from it")
 
-
-MAX_STREAMS = 4  # streams are unrolled in the kernel: each holds its own Q tile and accumulator
 
 
 class _FormInference:
@@ -391,10 +394,8 @@ class _FormInference:
 
     def _reduction(self, node: fx.Node, src: Form) -> Form:
         combine, _ = ONLINE_REDUCTIONS[packet(node.target)]
-        dims = node.args[1] if len(node.args) > 1 else None
-        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-        rank = len(_shape(node.args[0]))
-        if dims is None or [d % rank for d in dims] != [rank - 1]:
+        dims, keepdim = reduction_dims(node)
+        if dims != [len(_shape(node.args[0])) - 1]:
             raise FusionRefused("online reduction", node, "only reductions over the last axis are fused")
         if not keepdim:
             self.squeezed.add(node)
@@ -617,8 +618,6 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         split=split, combined=combined, output_ops=list(chain.output_ops),
         side_outputs=list(chain.escapes), squeezed=infer.squeezed, partners=partners, rescales=infer.rescales,
     )
-    from ..config import config
-
     region.tile_masks = skippable_masks(region, analysis.kinds) if config.block_sparsity else []
     for mask in region.tile_masks:
         steps.append(f"block sparsity: a key tile is skipped when {mask.condition.name} is "
