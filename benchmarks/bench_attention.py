@@ -144,11 +144,15 @@ def measure(call) -> tuple[float, float]:
     return ms, peak
 
 
-def tuned_configs() -> list:
-    """The tile configurations the autotuner picked for the fused kernels in this process."""
-    from fxflash.codegen.op import _REGISTRY
+def tuned_configs() -> str:
+    """The tile configuration fxflash's tuner last picked (or read from its cache)."""
+    from fxflash.codegen import tuning
 
-    return sorted({str(getattr(e.kernel, "best_config", None)) for e in _REGISTRY.values()})
+    if not tuning.history:
+        return "none (not tuned)"
+    last = tuning.history[-1]
+    how = "from tuning.json" if last["from_disk"] else f"timed in {last['seconds']:.1f} s"
+    return f"{tuning.describe(last['config'])} ({how})"
 
 
 def check(out, ref, label):

@@ -1,23 +1,25 @@
-"""Time one fused region under each tile configuration, and the autotuner's pick.
+"""Time one fused region under each tile configuration, and the tuner's pick.
 
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant evoformer_row --batch 8 --head-dim 64
 
 For profiling a variant whose fused kernel is slower than expected: prints, for every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) in the autotuner's table and a few beyond it, the
-``do_bench`` median of the whole optimized call, then what ``triton.autotune`` chose.
+``do_bench`` median of the whole optimized call, then what fxflash's tuner chose (timed
+afresh: the tuning cache is not read).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
 
 import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
-from fxflash.codegen import emit, launch  # noqa: E402
+from fxflash.codegen import emit, tuning  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import beyond_cases  # noqa: E402
@@ -36,26 +38,23 @@ def main():
              if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256)]
     fields, fn, args, flops = cases[0]
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
-    fxflash.config.autotune = False
     fast = fxflash.optimize(fn)
     configs = emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
-    for bm, bn, warps, stages in configs:
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-        launch.tile_config = lambda plan, device, cfg=cfg: cfg
+    for tile in configs:
+        bm, bn, warps, stages = tile
         try:
-            fast(*args)
-            ms = triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100, return_mode="median")
+            with tuning.pinned(tile):
+                fast(*args)
+                ms = triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100, return_mode="median")
             print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s", flush=True)
         except Exception as exc:  # out of shared memory or registers for this tile
             print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {type(exc).__name__}", flush=True)
-    fxflash.config.autotune = True
-    tuned = fxflash.optimize(fn)
-    tuned(*args)
-    ms = triton.testing.do_bench(lambda: tuned(*args), warmup=25, rep=100, return_mode="median")
-    from fxflash.codegen.op import _REGISTRY
-
-    picks = {str(getattr(e.kernel, "best_config", None)) for e in _REGISTRY.values()} - {"None"}
-    print(f"  autotuned: {ms:.3f} ms, picked {sorted(picks)}", flush=True)
+    fxflash.config.kernel_cache_dir = tempfile.mkdtemp()  # an empty tuning cache: time afresh
+    tuning.forget()
+    fast(*args)
+    ms = triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100, return_mode="median")
+    picks = sorted({tuning.describe(tile) for tile in tuning.chosen().values()})
+    print(f"  tuned: {ms:.3f} ms, picked {picks}", flush=True)
 
 
 if __name__ == "__main__":

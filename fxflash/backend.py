@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 import torch
 
@@ -66,8 +67,11 @@ def backend(inner: str = "inductor"):
         raise ValueError(f"fxflash backend: inner must be one of {INNER_COMPILERS}, got {inner!r}")
 
     def fxflash_compile(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        start = time.perf_counter()
         captured = _retrace(gm, example_inputs)
+        capture_s = time.perf_counter() - start
         rewritten, report = optimize_graph(captured.graph_module)
+        report.seconds = {"capture": capture_s, **report.seconds}
         recent_reports.append(report)
         log.debug("fxflash backend: %r", report)
         compiled = _inner_compile(inner, rewritten, example_inputs)

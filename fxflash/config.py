@@ -23,9 +23,13 @@ class Config:
 
     cache_size:      input signatures kept per optimized callable (least recently used evicted).
     fuse:            False turns fusion off: graphs are captured and analysed but run as traced.
-    kernel_cache_dir: where generated kernels are stored (user-only permissions).
-    autotune:        on GPUs, time a few tile configurations per kernel and sequence lengths
-                     at the first call (``FXFLASH_AUTOTUNE=0`` takes the first one untimed).
+    kernel_cache_dir: where generated kernels and the tuning cache are stored (user-only
+                     permissions).
+    autotune:        on GPUs, time each kernel's candidate tile configurations at its first
+                     launch for a size bucket and remember the fastest in
+                     ``<kernel_cache_dir>/tuning.json`` (codegen/tuning.py); ``FXFLASH_AUTOTUNE=0``
+                     takes the first candidate untimed.
+    progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
     exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
@@ -36,6 +40,7 @@ class Config:
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
+    progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
     kernel_cache_dir: str = os.environ.get(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import warnings
 from typing import Any, Callable
 
@@ -31,13 +32,22 @@ class _Compiled:
         self.error = error
 
 
+def _captured_and_optimized(fn, module, params, args, kwargs):
+    """(captured program, rewritten graph, report); the report's ``seconds`` include capture."""
+    start = time.perf_counter()
+    captured = capture(fn, args, kwargs, module=module, params=params)
+    capture_s = time.perf_counter() - start
+    runner, report = optimize_graph(captured.graph_module)
+    report.seconds = {"capture": capture_s, **report.seconds}
+    return captured, runner, report
+
+
 def _compile(fn, module, params, args, kwargs) -> _Compiled:
     try:
-        captured = capture(fn, args, kwargs, module=module, params=params)
+        captured, runner, report = _captured_and_optimized(fn, module, params, args, kwargs)
     except CaptureError as exc:
         warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=4)
         return _Compiled(None, None, None, str(exc))
-    runner, report = optimize_graph(captured.graph_module)
     if not any(region.fused for region in report.regions):
         runner = None  # nothing fused: the user's own code runs, bit for bit as eager
     return _Compiled(captured, runner, report)
@@ -126,6 +136,4 @@ def explain(fn_or_module, *args, **kwargs) -> Report:
     if isinstance(fn_or_module, (OptimizedModule, OptimizedFunction)):
         raise TypeError("pass the original function or module to fxflash.explain, not the optimized one")
     fn = module.forward if module is not None else fn_or_module
-    captured = capture(fn, args, kwargs, module=module, params=module_params(module))
-    _, report = optimize_graph(captured.graph_module)
-    return report
+    return _captured_and_optimized(fn, module, module_params(module), args, kwargs)[2]

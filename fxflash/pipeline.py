@@ -5,7 +5,9 @@ printed alone. A chain that a rule refuses stays in the graph as it was; its rep
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 
 import torch.fx as fx
 
@@ -32,6 +34,7 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         stopped_at=stopped_at.name if stopped_at is not None else "",
         chain=chain,
         source=plan.source if plan is not None else "",
+        configs=plan.configs if plan is not None else (),
     )
     if region is not None:
         report.steps = list(region.steps)
@@ -53,9 +56,14 @@ def _check_device(region) -> None:
     )
 
 
-def _autotune(region) -> bool:
-    """Autotune tile sizes for real GPU kernels (never in the interpreter)."""
-    return config.autotune and not interpreting() and region.output.meta["val"].device.type == "cuda"
+@contextlib.contextmanager
+def _timed(seconds: dict, stage: str):
+    """Add the wall time of the block to ``seconds[stage]``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
 def _copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -74,9 +82,11 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
     from .codegen import Unprintable, emit_kernel, load_kernel, replace_region
 
     fuse = config.fuse if fuse is None else fuse
-    analysis = analyse(gm)
-    near_misses: list = []
-    chains = find_chains(analysis, near_misses)
+    seconds: dict = {}
+    with _timed(seconds, "analysis"):
+        analysis = analyse(gm)
+        near_misses: list = []
+        chains = find_chains(analysis, near_misses)
     rewritten, node_map = _copy_graph(gm)
     regions = [_region_report(analysis, miss.chain, miss.reason, "chain discovery", miss.node)
                for miss in near_misses]
@@ -85,11 +95,13 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
             regions.append(_region_report(analysis, chain, "fusion is turned off (config.fuse)", "config"))
             continue
         try:
-            region = build_region(analysis, chain)
-            _check_device(region)
-            plan = emit_kernel(region, analysis.kinds, autotune=_autotune(region))
-            kernel = load_kernel(plan.source, plan.name)
-            replace_region(rewritten, region, plan, kernel, node_map)
+            with _timed(seconds, "fusion"):
+                region = build_region(analysis, chain)
+                _check_device(region)
+            with _timed(seconds, "code generation"):
+                plan = emit_kernel(region, analysis.kinds)
+                kernel = load_kernel(plan.source, plan.name)
+                replace_region(rewritten, region, plan, kernel, node_map)
         except FusionRefused as exc:
             regions.append(_region_report(analysis, chain, str(exc), exc.rule, exc.node))
             continue
@@ -99,7 +111,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
         regions.append(_region_report(analysis, chain, region=region, plan=plan))
     rewritten.graph.eliminate_dead_code()
     rewritten.recompile()
-    report = Report(regions=regions, graph=gm, analysis=analysis, rewritten=rewritten)
+    report = Report(regions=regions, graph=gm, analysis=analysis, rewritten=rewritten, seconds=seconds)
     for r in regions:
         log.debug("%s", r)
         if r.source:

@@ -24,6 +24,8 @@ class RegionReport:
     rule:      the name of the rule that refused it ("" when fused).
     stopped_at: the name of the node that rule stopped at ("" when fused or not one node).
     source:    the generated Triton source when fused.
+    configs:   when fused, the candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) that
+               the tuner times on a GPU, the default first.
     chain:     the Chain found by the pattern stage.
     steps:     the rule lines applied, in order.
     transformations: when fused, the Transformations (demotion, algebraic rewriting,
@@ -40,6 +42,7 @@ class RegionReport:
     rule: str = ""
     stopped_at: str = ""
     source: str = ""
+    configs: tuple = ()
     steps: list = dataclasses.field(default_factory=list)
     transformations: list = dataclasses.field(default_factory=list)
     traffic: Traffic | None = None
@@ -71,13 +74,16 @@ class RegionReport:
 @dataclasses.dataclass
 class Report:
     """``explain()``'s answer: ``.regions`` (one RegionReport per candidate), ``.graph`` (the
-    captured graph) and ``.rewritten`` (the graph with fused regions replaced)."""
+    captured graph), ``.rewritten`` (the graph with fused regions replaced) and ``.seconds``
+    (wall time of each compile stage: capture, analysis, fusion, code generation; the tile
+    tuning of a GPU kernel happens at its first launch and is in ``codegen.tuning.history``)."""
 
     regions: list
     graph: fx.GraphModule
     analysis: GraphAnalysis
     rewritten: fx.GraphModule | None = None
     capture_note: str = ""
+    seconds: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         head = f"fxflash: {len(self.regions)} candidate region(s), " + (
@@ -86,6 +92,8 @@ class Report:
         parts = [head]
         if self.capture_note:
             parts.append(self.capture_note)
+        if self.seconds:
+            parts.append("compile time: " + ", ".join(f"{stage} {s * 1e3:.0f} ms" for stage, s in self.seconds.items()))
         parts.extend(str(r) for r in self.regions)
         parts.append("graph (node: kind sketch):")
         for node in self.graph.graph.nodes:

@@ -50,8 +50,8 @@ class KernelPlan:
     out_dtype: torch.dtype
     d: int
     dv: int
-    autotuned: bool = False  # the source is decorated with triton.autotune over ``configs``
-    configs: tuple = ()      # (BLOCK_M, BLOCK_N, warps, stages) that fit the kernel, first the default
+    configs: tuple = ()      # (BLOCK_M, BLOCK_N, warps, stages) that fit the kernel, first the
+                             # default; timed at the first launch on a GPU (tuning.choose)
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
     side_dtypes: tuple = ()  # dtypes of the row values stored beside the output (a logsumexp)
     partner_dims: tuple = ()  # head dims of further score contractions
@@ -121,6 +121,8 @@ class _Printer:
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
         self.skips_tiles = False
+        self.scan = 128            # key tiles classified per chunk (tile_range)
+        self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
         self.inline_memo: dict = {}
         self.kinds: dict = {}
         self.frame_shape = region.out_frame_shape  # the grid's frame: [*batch, M, N] of P
@@ -445,7 +447,7 @@ class _Printer:
         return rule(*(a.bound for a in args))
 
     # -- the kernel ----------------------------------------------------------------------
-    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list, autotune: bool) -> KernelPlan:
+    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
         self.kinds = kinds
         r = self.r
         self.order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
@@ -519,8 +521,8 @@ class _Printer:
                     name = f"{red.node.name}{self.sfx(st)}"
                     self.loop.append(f"acc_{name} = new_{name}")
         self.epilogue(terms, out_dtype)
-        return KernelPlan(self.name, self.source(configs if autotune else None), self.args, self.inputs, fb,
-                          out_dtype, r.D, r.Dv, autotuned=autotune, configs=tuple(configs),
+        return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
+                          out_dtype, r.D, r.Dv, configs=tuple(configs),
                           index_bound=self.index_bound,
                           side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
                           partner_dims=tuple(p.d for p in r.partners),
@@ -576,6 +578,8 @@ class _Printer:
             self.vars[node] = self.vars[node.args[0]]
             return
         args = [self.arg(a, idx) for a in node.args]
+        if p is aten.where and any(m.condition is node.args[0] for m in r.tile_masks):
+            self.mask_conds.setdefault(node.args[0], set()).add(args[0].code)
         self.vars[node] = self.apply(node, args)
 
     def reduce(self, red) -> None:
@@ -709,48 +713,97 @@ class _Printer:
         return out
 
     def tile_range(self) -> list[str]:
-        """Lines that set ``[lo_t, hi_t)``, the key tiles this row tile must visit: leading
-        and trailing tiles that every tile mask empties are skipped (block sparsity)."""
-        empty = self.empty_tile_test()
-        if empty is None:
+        """Lines that classify this row tile's key tiles, SCAN of them at a time (vectors: no
+        scalar loop over tiles, one load per chunk for a tensor summarized per tile), into
+        ``[lo_t, hi_t)``, the tiles to visit (leading and trailing tiles that a tile mask
+        empties are skipped), and ``[f_lo, f_hi)`` inside it, a run of whole tiles where every
+        tile mask is proved to keep every score (visited without evaluating the masks). Tiles
+        inside ``[lo_t, hi_t)`` that a mask empties are still visited, masked: sound for any
+        mask. ``f_lo == f_hi`` when the full tiles are not one contiguous run."""
+        tests = self.tile_tests()
+        if tests is None:
             return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
-        lines = ["lo_t = tl.full([], 0, tl.int32)", "hi_t = tl.cdiv(N, BLOCK_N).to(tl.int32)"]
-        tests, cond = empty
-        # the query tile's part of the test (its index ranges, the min/max of its ids) is the
-        # same for every key tile: computed once, before both scans
-        row_part, key_part = _split_invariant(tests, ("n_lo", "n_hi"))
-        lines += ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part]
-        for tile, step in (("lo_t", "+"), ("hi_t - 1", "-")):
-            var = tile.split()[0]
-            lines += ["scanning = lo_t < hi_t", "while scanning:",
-                      f"    n_lo = ({tile}) * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
-            lines += ["    " + line for line in key_part]
-            lines += [f"    empty = {cond}", f"    {var} = {var} {step} empty.to(tl.int32)",
-                      "    scanning = empty & (lo_t < hi_t)"]
-        return lines
+        lines, empty, full = tests
+        row_part, key_part = _split_invariant(lines, ("n_lo", "n_hi"))
+        out = ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part,
+               "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)",
+               "lo_t = n_tiles", "hi_t = n_tiles * 0", "f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0",
+               f"for c0 in range(0, n_tiles, {self.scan}):",
+               f"    t = c0 + tl.arange(0, {self.scan})",
+               "    n_lo = t * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
+        out += ["    " + line for line in key_part]
+        out += [f"    live = (t < n_tiles) & ~({empty})",
+                "    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, t, n_tiles), 0))",
+                "    hi_t = tl.maximum(hi_t, tl.max(tl.where(live, t + 1, 0), 0))"]
+        if full is not None:
+            out += [f"    full = live & (t < N // BLOCK_N) & ({full})",
+                    "    f_lo = tl.minimum(f_lo, tl.min(tl.where(full, t, n_tiles), 0))",
+                    "    f_hi = tl.maximum(f_hi, tl.max(tl.where(full, t + 1, 0), 0))",
+                    "    n_full += tl.sum(full.to(tl.int32), 0)"]
+        out += ["hi_t = tl.maximum(hi_t, lo_t)",
+                "one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
+                "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+        return out
 
-    def empty_tile_test(self):
-        """(scalar lines, condition) true when the tile [m_lo, m_hi] × [n_lo, n_hi] is masked
-        everywhere by one of the region's tile masks; None when no mask has intervals."""
+    def tile_tests(self):
+        """(vectorizable lines, empty, full): ``empty`` is true for a key tile
+        ``[n_lo, n_hi]`` (vectors over tiles) that one of the region's tile masks masks
+        everywhere on rows ``[m_lo, m_hi]``; ``full`` (None when not every mask has an
+        interval) is true where every tile mask keeps every score. None when no mask has one."""
         from .intervals import IntervalPrinter, NoInterval
 
         ranges = {ROW: ("m_lo", "m_hi"), COL: ("n_lo", "n_hi")}
         ranges.update({f"fb{i}": (f"fb{i}", f"fb{i}") for i in range(len(self.frame_shape) - 2)})
         ip = IntervalPrinter(self, ranges)
-        conds = []
-        for mask in self.r.tile_masks:
-            try:
-                iv = ip.of(mask.condition, self.idx_of(mask.condition, self.frame_idx))
-            except (NoInterval, Unprintable):
-                continue
-            if iv.is_bool:
-                conds.append(f"({iv.must})" if mask.masked_when else f"(~({iv.may}))")
-        if not conds:
+        # each stream reads the masks at its own batch indices and all share the key loop: a
+        # tile is empty when every stream has a mask that empties it, full when no mask of
+        # any stream masks a score of it
+        empty, full, complete = [], [], True
+        for stream in self.streams:
+            self.enter_stream(stream)
+            empty_here = []
+            for mask in self.r.tile_masks:
+                try:
+                    iv = ip.of(mask.condition, self.idx_of(mask.condition, self.frame_idx))
+                except (NoInterval, Unprintable):
+                    complete = False
+                    continue
+                if not iv.is_bool:
+                    complete = False
+                    continue
+                empty_here.append(f"({iv.must})" if mask.masked_when else f"(~({iv.may}))")
+                full.append(f"(~({iv.may}))" if mask.masked_when else f"({iv.must})")
+            if not empty_here:
+                empty = None
+            elif empty is not None:
+                empty.append("(" + " | ".join(empty_here) + ")")
+        self.enter_stream(None)
+        if not empty:
             return None
         self.skips_tiles = True
-        return ip.lines, " | ".join(conds)
+        # a chunk of per-tile summaries loads [SCAN, BLOCK_N] values: fewer tiles per chunk; the
+        # interpreter's test shapes have few tiles: small chunks so that they take several
+        self.scan = 4 if interpreting() else 32 if ip.summarized else 128
+        return ip.lines, " & ".join(empty), " & ".join(full) if complete else None
 
-    def source(self, configs: list | None) -> str:
+    def full_tile_loop(self) -> list | None:
+        """The loop body for tiles where every tile mask keeps every score: each mask's
+        condition, proved constant on such a tile, is that constant, so Triton folds the
+        ``where`` away (and the index arithmetic or id loads that fed it). None when a mask's
+        condition is not its own line of the loop body."""
+        if not self.r.tile_masks or any(m.condition not in self.mask_conds for m in self.r.tile_masks):
+            return None
+        conds = {code: m.masked_when for m in self.r.tile_masks for code in self.mask_conds[m.condition]}
+        body, replaced = [], set()
+        for line in self.loop:
+            name = line.split(" = ", 1)[0]
+            if name in conds:
+                line = f"{name} = tl.full([1, 1], {0 if conds[name] else 1}, tl.int1)"
+                replaced.add(name)
+            body.append(line)
+        return body if replaced == set(conds) else None
+
+    def source(self) -> str:
         """The module source. The loop over N is printed twice: over the full key tiles, where
         ``col_ok`` is a constant true the compiler folds away (no bound checks, no masking of
         the reductions), then over the one partial tile, if any, with the checks."""
@@ -761,23 +814,22 @@ class _Printer:
         body = ["    " + line for line in self.pre]
         body += ["    " + line for line in tile_range]
         body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
-        for start, stop, col_ok, row_ok in (
-            ("lo_t", "n_split", "tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)"),
-            ("n_split" if not self.skips_tiles else "tl.maximum(lo_t, n_split)", "hi_t", "cn < N",
-             "offs_n[:, None] < N"),
-        ):
+        whole = ("tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)")
+        full_loop = self.full_tile_loop() if self.skips_tiles else None
+        if full_loop is None:   # whole key tiles, then the partial one
+            loops = [("lo_t", "n_split", *whole, self.loop)]
+        else:                   # masked, full (masks folded), masked, then the partial one
+            loops = [("lo_t", "f_lo", *whole, self.loop), ("f_lo", "f_hi", *whole, full_loop),
+                     ("f_hi", "n_split", *whole, self.loop)]
+        loops.append(("n_split" if not self.skips_tiles else "tl.maximum(lo_t, n_split)", "hi_t", "cn < N",
+                      "offs_n[:, None] < N", self.loop))
+        for start, stop, col_ok, row_ok, loop in loops:
             body.append(f"    for start_n in range(({start}) * BLOCK_N, ({stop}) * BLOCK_N, BLOCK_N):")
             body += ["        " + line for line in (
                 "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
-            body += ["        " + line for line in self.loop]
+            body += ["        " + line for line in loop]
         body += ["    " + line for line in self.post]
-        decorators = ["@triton.jit"]
-        if configs:
-            listed = ", ".join(
-                f"triton.Config({{'BLOCK_M': {bm}, 'BLOCK_N': {bn}}}, num_warps={w}, num_stages={st})"
-                for bm, bn, w, st in configs)
-            decorators.insert(0, f"@triton.autotune(configs=[{listed}], key=['M', 'N'])")
         helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
         used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in body)]
         return "\n".join([
@@ -785,7 +837,7 @@ class _Printer:
             "import triton.language as tl",
             *(["from triton.language.extra import libdevice"] if not interpreting() else []),
             *used,
-            *decorators,
+            "@triton.jit",
             f"def {self.name}({params}):",
             *body,
             "",
@@ -836,7 +888,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return ", input_precision='tf32'" if torch.backends.cuda.matmul.allow_tf32 else ", input_precision='ieee'"
 
 
-# Tile configurations tried by the autotuner on GPUs, by the larger head dim:
+# Tile configurations timed on GPUs (tuning.choose), by the larger head dim:
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). The 64-row tiles keep several programs per SM
 # busy when each has only a few key tiles to visit (the Evoformer's 256 keys).
 TILE_CONFIGS = (
@@ -870,15 +922,16 @@ def tile_configs(d: int, dv: int, elem_bytes: int = 2, streams: int = 1, accumul
     return fitting or [(32, 32, 4, 1)]
 
 
-def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region", autotune: bool = False) -> KernelPlan:
-    """Print the Triton kernel of ``region``. Raises Unprintable for an op with no printer.
-    With ``autotune``, the kernel is decorated with ``triton.autotune`` over TILE_CONFIGS."""
+def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> KernelPlan:
+    """Print the Triton kernel of ``region`` (a plain ``@triton.jit`` function whose tile sizes
+    are constexprs) and its candidate tile configurations. Raises Unprintable for an op with
+    no printer."""
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1
     # further score contractions hold their Q' and K' tiles too: counted as a wider head dim
     d = region.D + sum(_pow2(p.d) for p in region.partners)
     configs = tile_configs(d, region.Dv, elem_bytes, streams, len(region.terms))
-    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs, autotune)
+    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

@@ -6,10 +6,13 @@ tile, and a boolean one a pair ``(must, may)``: ``must`` — true at every eleme
 true at some element. Both are sound over-approximations, so a tile is declared empty only if
 every element of it is masked.
 
+The key range ``[n_lo, n_hi]`` may be vectors (one entry per key tile: codegen classifies a
+chunk of tiles at once); every rule is elementwise, so the same code serves both.
+
 An integer tensor read along one tile axis (document ids ``ids[n]``) gets the exact interval
 ``[min, max]`` of its values over the tile's index range: a per-tile summary computed on the
-fly from one vector load, so ``ids[:, None] == ids[None, :]`` is false on a whole tile when
-the query tile's ids and the key tile's ids do not overlap.
+fly (one ``[tiles, BLOCK_N]`` load per chunk of key tiles), so ``ids[:, None] == ids[None, :]``
+is false on a whole tile when the query tile's ids and the key tile's ids do not overlap.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ class IntervalPrinter:
         self.ranges = dict(index_ranges)  # index string → (lo, hi) code
         self.lines: list[str] = []
         self.count = 0
+        self.summarized = False  # a tensor is summarized per tile (its values loaded)
 
     def bind(self, code: str) -> str:
         self.count += 1
@@ -152,14 +156,19 @@ class IntervalPrinter:
                                       for e in idx):
             raise NoInterval(f"{node.name}: read along more than one tile axis")
         (axis, e), = tile_axes
-        lo, hi, block = ("m_lo", "m_hi", "BLOCK_M") if e == "rm" else ("n_lo", "n_hi", "BLOCK_N")
-        offs = self.bind(f"{lo} + tl.arange(0, {block})")
+        self.summarized = True
+        if e == "rm":   # the one query tile: a vector of its rows
+            offs = self.bind("m_lo + tl.arange(0, BLOCK_M)")
+            inside, axis_of_tile = f"{offs} <= m_hi", 0
+        else:           # key tiles, a vector of them at a time: [tiles, BLOCK_N]
+            offs = self.bind("n_lo[:, None] + tl.arange(0, BLOCK_N)[None, :]")
+            inside, axis_of_tile = f"{offs} <= n_hi[:, None]", 1
         ptr, offset = self.p.input_address(node, tuple("OFFS" if x == e else x for x in idx))
-        values = self.bind(f"tl.load({ptr} + {offset.replace('OFFS', offs)}, mask={offs} <= {hi}, other=0)"
+        values = self.bind(f"tl.load({ptr} + {offset.replace('OFFS', offs)}, mask={inside}, other=0)"
                            f".to(tl.int64)")
         big = "9223372036854775807"
-        return _int(self.bind(f"tl.min(tl.where({offs} <= {hi}, {values}, {big}), 0)"),
-                    self.bind(f"tl.max(tl.where({offs} <= {hi}, {values}, -{big}), 0)"))
+        return _int(self.bind(f"tl.min(tl.where({inside}, {values}, {big}), {axis_of_tile})"),
+                    self.bind(f"tl.max(tl.where({inside}, {values}, -{big}), {axis_of_tile})"))
 
 
 def _is_tensor(arg) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 
@@ -9,6 +10,7 @@ import torch
 import triton
 
 from ..config import interpreting
+from . import tuning
 from .emit import KernelPlan, block_dims_of
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
@@ -20,13 +22,28 @@ def _launching():
     return _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext()
 
 
-def tile_config(plan: KernelPlan, device: torch.device) -> dict:
-    """Tile sizes of a kernel that is not autotuned: in the interpreter, 16×16 tiles so that
-    small test shapes cross several tiles; otherwise the first autotuning candidate."""
+INTERPRETER_TILE = (16, 16, 1, 1)  # small test shapes cross several tiles
+
+
+@functools.lru_cache(maxsize=None)
+def _device_label(index) -> str:
+    """The GPU's name and compute capability: part of the tuning key."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"{torch.cuda.get_device_name(index)} sm{major}{minor}"
+
+
+def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this launch: a tile pinned by
+    ``tuning.pinned``; else 16×16 tiles in the interpreter; on a GPU the tuned choice for
+    this size bucket (tuning.choose)."""
+    device = inputs[0].device
+    if tuning.pinned_tile() is not None:
+        return tuning.pinned_tile()
     if interpreting() or device.type != "cuda":
-        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-    bm, bn, warps, stages = plan.configs[0]
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        return INTERPRETER_TILE
+    return tuning.choose(plan.name, plan.source, plan.configs, [t.dtype for t in inputs], _device_label(device.index),
+                         frame, run,
+                         capturing=torch.cuda.is_current_stream_capturing())
 
 
 def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
@@ -61,18 +78,16 @@ def _arg(spec, inputs, frame, out, sides):
 def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list) -> list:
     """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shapes`` the shapes of the
     result and of the row values stored beside it. Returns [result, *row values]."""
-    device = inputs[0].device
     out, *sides = empty_results(plan, out_shapes, inputs[0])
     batch = math.prod(frame[:-2])
     args = [_arg(spec, inputs, frame, out, sides) for spec in plan.args]
-    if plan.autotuned:
-        def grid(meta):
-            return (triton.cdiv(frame[-2], meta["BLOCK_M"]) * batch,)
+    dims = block_dims_of(plan)
 
-        kernel[grid](out, *args, **block_dims_of(plan))
-        return [out, *sides]
-    cfg = tile_config(plan, device)
-    grid = (triton.cdiv(frame[-2], cfg["BLOCK_M"]) * batch,)
-    with _launching():
-        kernel[grid](out, *args, **block_dims_of(plan), **cfg)
+    def run(tile):
+        bm, bn, warps, stages = tile
+        grid = (triton.cdiv(frame[-2], bm) * batch,)
+        with _launching():
+            kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+    run(tile_for(plan, inputs, frame, run))
     return [out, *sides]

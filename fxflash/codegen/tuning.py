@@ -1,0 +1,259 @@
+"""Choosing each kernel's tile configuration on the GPU, once, remembered on disk.
+
+A fused kernel has a few candidate configurations ``(BLOCK_M, BLOCK_N, num_warps,
+num_stages)``: ``plan.configs``, already pruned by shared memory and registers
+(``emit.tile_configs``). At the first launch for a problem size each candidate is compiled
+and timed, in two interleaved rounds (``triton.testing.do_bench`` medians; a candidate's time
+is the smaller of its two medians, so one disturbed round does not decide), and the fastest
+is kept
+
+* in memory, for this process;
+* in ``<kernel cache dir>/tuning.json``, so another process launches it with no timing.
+
+The key is the kernel source's hash (region structure and printed dtypes; Triton and torch
+versions, ``cache.source_key``), the input dtypes, the device (name and compute capability)
+and the size bucket: the batch product, M and N each rounded up to a power of two. Entries
+are checked on reading: a configuration that is not among the kernel's candidates is timed
+again, and an unreadable file is set aside with a warning and rewritten.
+
+The chosen kernel is then launched directly (a plain ``@triton.jit`` function with its tile
+constexprs), never through ``triton.autotune``'s wrapper. No timing happens while a CUDA
+graph is being captured: the first candidate runs instead, and nothing is stored.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import Callable
+
+import triton
+
+from ..config import config
+from .cache import cache_dir, source_key
+
+log = logging.getLogger("fxflash")
+
+FORMAT_VERSION = 1
+ROUNDS = 2
+WARMUP_MS, REP_MS = 5, 25   # do_bench's warm-up and measuring time per candidate and round
+
+Tile = tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+
+_lock = threading.Lock()
+_chosen: dict[str, Tile] = {}     # key → configuration, this process
+_disk: dict | None = None         # tuning.json's entries, read once
+_pinned: list[Tile] = []          # configurations forced by pinned() (benchmark sweeps)
+history: list[dict] = []          # one record per tuning or disk hit, for reports and benchmarks
+
+
+def tuning_file() -> str:
+    return os.path.join(cache_dir(), "tuning.json")
+
+
+def size_bucket(frame) -> tuple:
+    """(batch product, M, N), each rounded up to a power of two: sizes in one bucket share a
+    configuration (the best tile depends on how many programs fill the GPU and how many key
+    tiles each visits, not on the exact length)."""
+    batch = math.prod(frame[:-2])
+    return tuple(1 << max(0, int(s) - 1).bit_length() for s in (batch, frame[-2], frame[-1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _source_hash(source: str) -> str:
+    return source_key(source)[:32]
+
+
+def tuning_key(source: str, dtypes, device: str, frame) -> str:
+    bucket = "x".join(str(s) for s in size_bucket(frame))
+    return f"{_source_hash(source)}|{','.join(str(d).removeprefix('torch.') for d in dtypes)}|{device}|{bucket}"
+
+
+def describe(tile: Tile) -> str:
+    bm, bn, warps, stages = tile
+    return f"{bm}×{bn} tiles, {warps} warps, {stages} stages"
+
+
+def _read_disk() -> dict:
+    global _disk
+    if _disk is None:
+        _disk = _load(tuning_file())
+    return _disk
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        _set_aside(path, exc)
+        return {}
+    if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION or not isinstance(data.get("entries"), dict):
+        _set_aside(path, "unknown format")
+        return {}
+    return data["entries"]
+
+
+def _set_aside(path: str, why) -> None:
+    warnings.warn(f"fxflash: ignoring the tuning cache {path} ({why}); kernels will be timed again "
+                  "and the file rewritten", RuntimeWarning, stacklevel=2)
+    with contextlib.suppress(OSError):
+        os.replace(path, path + ".bad")
+
+
+def _store(key: str, entry: dict) -> None:
+    """Merge ``entry`` into tuning.json (re-read first: another process may have added some)."""
+    path = tuning_file()
+    entries = _load(path)
+    entries[key] = entry
+    _read_disk()[key] = entry
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"version": FORMAT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _stored_tile(key: str, candidates) -> Tile | None:
+    entry = _read_disk().get(key)
+    if not isinstance(entry, dict):
+        return None
+    tile = tuple(entry.get("config") or ())
+    return tile if tile in candidates else None
+
+
+@contextlib.contextmanager
+def pinned(tile: Tile):
+    """Launch every kernel with ``tile`` while inside, on the GPU and in the interpreter (for
+    sweeps over configurations and tests of every candidate)."""
+    _pinned.append(tuple(tile))
+    try:
+        yield
+    finally:
+        _pinned.pop()
+
+
+def pinned_tile() -> Tile | None:
+    return _pinned[-1] if _pinned else None
+
+
+def bench_ms(run: Callable[[], None]) -> float:
+    return triton.testing.do_bench(run, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+
+
+def choose(name: str, source: str, candidates, dtypes, device: str, frame,
+           run: Callable[[Tile], None], timer: Callable = bench_ms, capturing: bool = False) -> Tile:
+    """The configuration to launch ``name`` with for sizes ``frame`` = [*batch, M, N].
+
+    ``run(tile)`` launches the kernel once with ``tile``; ``timer(fn)`` returns milliseconds.
+    Order: this process's choice; tuning.json's; otherwise time every
+    candidate (when tuning is on and no CUDA graph is being captured) or take the first."""
+    candidates = [tuple(c) for c in candidates]
+    key = tuning_key(source, dtypes, device, frame)
+    tile = _chosen.get(key)
+    if tile is not None:
+        return tile
+    if not config.autotune or capturing or len(candidates) == 1:
+        return candidates[0]
+    with _lock:
+        tile = _stored_tile(key, candidates)
+        if tile is not None:
+            history.append(dict(kernel=name, key=key, config=tile, seconds=0.0, from_disk=True))
+        else:
+            tile = _tune(name, key, candidates, frame, run, timer)
+        _chosen[key] = tile
+    return tile
+
+
+def _tune(name, key, candidates, frame, run, timer) -> Tile:
+    start = time.perf_counter()
+    progress = _Progress(name, frame, len(candidates) * ROUNDS)
+    times: dict[Tile, float] = {}
+    failures: dict[Tile, str] = {}
+    for _ in range(ROUNDS):
+        for tile in candidates:
+            if tile in failures:
+                progress.step(tile)
+                continue
+            try:
+                ms = timer(lambda tile=tile: run(tile))
+            except Exception as exc:  # this tile does not compile or launch here (resources)
+                failures[tile] = f"{type(exc).__name__}: {exc}"
+                log.debug("fxflash: %s cannot run with %s: %s", name, describe(tile), exc)
+            else:
+                times[tile] = min(ms, times.get(tile, math.inf))
+            progress.step(tile)
+    if not times:
+        raise RuntimeError(f"fxflash: no tile configuration of {name} runs on this device: {failures}")
+    best = min(times, key=times.get)
+    seconds = time.perf_counter() - start
+    progress.done(best, seconds)
+    entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame],
+                 ms={"x".join(map(str, t)): round(ms, 5) for t, ms in times.items()},
+                 failed=sorted("x".join(map(str, t)) for t in failures), seconds=round(seconds, 3),
+                 triton=triton.__version__)
+    try:
+        _store(key, entry)
+    except OSError as exc:
+        warnings.warn(f"fxflash: could not write the tuning cache ({exc}); the choice is kept for this "
+                      "process only", RuntimeWarning, stacklevel=2)
+    history.append(dict(kernel=name, key=key, config=best, seconds=seconds, from_disk=False))
+    return best
+
+
+def chosen() -> dict[str, Tile]:
+    """This process's choices, by tuning key."""
+    return dict(_chosen)
+
+
+def forget(memory: bool = True, disk: bool = False) -> None:
+    """Drop this process's choices (and with ``disk``, tuning.json): the next launch tunes again
+    (or reads the file). For tests and benchmarks that measure a cold start."""
+    global _disk
+    with _lock:
+        if memory:
+            _chosen.clear()
+            _disk = None
+        if disk:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tuning_file())
+            _disk = None
+
+
+class _Progress:
+    """``fxflash: tuning <kernel> [B·H×M×N] ▕██████░░░░▏ 6/12`` on a terminal (redrawn in
+    place); one summary line per kernel otherwise. Off with ``config.progress = False``."""
+
+    WIDTH = 20
+
+    def __init__(self, name: str, frame, total: int):
+        self.label = f"fxflash: tuning {name} [{'×'.join(str(int(s)) for s in frame)}]"
+        self.total, self.done_steps = total, 0
+        self.live = config.progress and sys.stderr.isatty()
+
+    def step(self, tile: Tile) -> None:
+        self.done_steps += 1
+        if self.live:
+            filled = self.WIDTH * self.done_steps // self.total
+            bar = "█" * filled + "░" * (self.WIDTH - filled)
+            sys.stderr.write(f"\r{self.label} ▕{bar}▏ {self.done_steps}/{self.total} ({describe(tile)})\x1b[K")
+            sys.stderr.flush()
+
+    def done(self, best: Tile, seconds: float) -> None:
+        line = f"{self.label}: {describe(best)} ({seconds:.1f} s; stored in {tuning_file()})"
+        log.info("%s", line)
+        if config.progress:
+            sys.stderr.write(f"\r{line}\x1b[K\n" if self.live else f"{line}\n")
+            sys.stderr.flush()
+
+
+__all__ = ["choose", "chosen", "forget", "pinned", "size_bucket", "tuning_file", "tuning_key"]
