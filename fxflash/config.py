@@ -32,6 +32,9 @@ class Config:
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
+    full_tiles:      with block sparsity, visit the key tiles that every mask keeps in a loop of
+                     their own with the masks folded away; ``FXFLASH_FULL_TILES=0`` evaluates
+                     the masks on every visited tile (for A/B measurements).
     exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
                      fused multiply-add per score, rules.Homomorphism); ``FXFLASH_EXP2_FMA=0``
                      keeps ``tl.exp`` (for A/B measurements).
@@ -42,6 +45,7 @@ class Config:
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
+    full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")

@@ -64,10 +64,14 @@ def test_torch_compile_dynamic_on_gpu():
         assert_accurate(variant.fn, args, compiled(*args))
 
 
-@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm"])
-def test_tile_skipping_on_gpu_changes_nothing(name):
+@pytest.mark.parametrize("name,n", [("causal", 1000), ("sliding_window", 1000), ("prefix_lm", 1000),
+                                    ("document_mask", 1000), ("document_mask", 5000), ("causal", 9000)])
+def test_tile_skipping_on_gpu_changes_nothing(name, n):
+    """Skipped tiles, full tiles with their masks folded, several chunks of tile tests
+    (128 tiles per chunk for index masks, 32 for id summaries) — bit for bit the kernel that
+    visits every tile and evaluates every mask."""
     variant = VARIANTS[name]
-    args = variant.inputs(Shape(B=2, H=4, Hkv=4, M=1000, N=1000, D=64, Dv=64), torch.bfloat16, "cuda")
+    args = variant.inputs(Shape(B=1 if n > 1000 else 2, H=2, Hkv=2, M=n, N=n, D=64, Dv=64), torch.bfloat16, "cuda")
     skipped = fxflash.optimize(variant.fn)(*args)
     fxflash.config.block_sparsity = False
     try:
@@ -84,3 +88,51 @@ def test_tensors_on_different_devices_raise_eagers_error():
         VARIANTS["vanilla"].fn(q, k.cpu(), v)
     with pytest.raises(type(eager_error.value)):
         fxflash.optimize(VARIANTS["vanilla"].fn)(q, k.cpu(), v)
+
+
+@pytest.mark.parametrize("name", ["causal", "document_mask", "diff_attention", "evoformer_row"])
+def test_every_candidate_tile_on_gpu(name):
+    """Every configuration the tuner may pick compiles on this GPU and keeps eager's accuracy."""
+    from fxflash.codegen import tuning
+
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES["odd"] if name != "document_mask" else Shape(B=2, H=4, Hkv=2, M=333, N=333,
+                                                                                D=80, Dv=48),
+                          torch.bfloat16, "cuda")
+    (region,) = fxflash.explain(variant.fn, *args).regions
+    fast = fxflash.optimize(variant.fn)
+    for tile in region.configs:
+        with tuning.pinned(tile):
+            assert_accurate(variant.fn, args, fast(*args))
+
+
+TUNE_AND_REPORT = """
+import json, torch, fxflash
+from fxflash.codegen import tuning
+from fxflash.variants import VARIANTS, Shape
+v = VARIANTS["causal"]
+args = v.inputs(Shape(B=2, H=4, Hkv=4, M=700, N=700, D=64, Dv=64), torch.bfloat16, "cuda")
+fxflash.optimize(v.fn)(*args)
+torch.cuda.synchronize()
+print(json.dumps([dict(h, config=list(h["config"])) for h in tuning.history]))
+"""
+
+
+def test_tuning_is_timed_once_and_read_back_by_a_new_process(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FXFLASH_CACHE_DIR=str(tmp_path), FXFLASH_AUTOTUNE="1", FXFLASH_PROGRESS="1")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(fxflash.__file__)),
+                                         env.get("PYTHONPATH", "")])
+    runs = [subprocess.run([sys.executable, "-c", TUNE_AND_REPORT], env=env, capture_output=True, text=True,
+                           timeout=600) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
+    assert [h["from_disk"] for h in first] == [False] and "fxflash: tuning" in runs[0].stderr
+    assert [h["from_disk"] for h in second] == [True] and "fxflash: tuning" not in runs[1].stderr
+    assert first[0]["config"] == second[0]["config"]
+    assert (tmp_path / "tuning.json").exists()

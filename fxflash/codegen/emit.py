@@ -815,7 +815,7 @@ class _Printer:
         body += ["    " + line for line in tile_range]
         body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
         whole = ("tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)")
-        full_loop = self.full_tile_loop() if self.skips_tiles else None
+        full_loop = self.full_tile_loop() if self.skips_tiles and config.full_tiles else None
         if full_loop is None:   # whole key tiles, then the partial one
             loops = [("lo_t", "n_split", *whole, self.loop)]
         else:                   # masked, full (masks folded), masked, then the partial one

@@ -42,8 +42,8 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
     return tuning.choose(plan.name, plan.source, plan.configs, [t.dtype for t in inputs], _device_label(device.index),
-                         frame, run,
-                         capturing=torch.cuda.is_current_stream_capturing())
+                         frame, run, capturing=torch.cuda.is_current_stream_capturing(),
+                         device_index=device.index)
 
 
 def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:

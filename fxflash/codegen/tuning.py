@@ -22,6 +22,7 @@ graph is being captured: the first candidate runs instead, and nothing is stored
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -34,6 +35,7 @@ import time
 import warnings
 from typing import Callable
 
+import torch
 import triton
 
 from ..config import config
@@ -151,10 +153,12 @@ def bench_ms(run: Callable[[], None]) -> float:
 
 
 def choose(name: str, source: str, candidates, dtypes, device: str, frame,
-           run: Callable[[Tile], None], timer: Callable = bench_ms, capturing: bool = False) -> Tile:
+           run: Callable[[Tile], None], timer: Callable = bench_ms, capturing: bool = False,
+           device_index: int | None = None) -> Tile:
     """The configuration to launch ``name`` with for sizes ``frame`` = [*batch, M, N].
 
     ``run(tile)`` launches the kernel once with ``tile``; ``timer(fn)`` returns milliseconds.
+    With the CUDA ``device_index``, every candidate is first compiled concurrently.
     Order: this process's choice; tuning.json's; otherwise time every
     candidate (when tuning is on and no CUDA graph is being captured) or take the first."""
     candidates = [tuple(c) for c in candidates]
@@ -169,14 +173,30 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
         if tile is not None:
             history.append(dict(kernel=name, key=key, config=tile, seconds=0.0, from_disk=True))
         else:
-            tile = _tune(name, key, candidates, frame, run, timer)
+            tile = _tune(name, key, candidates, frame, run, timer, device_index)
         _chosen[key] = tile
     return tile
 
 
-def _tune(name, key, candidates, frame, run, timer) -> Tile:
+def _compile_all(candidates, run, device_index) -> None:
+    """Launch every candidate once, from a thread each: their compilations overlap (the
+    compiler's own passes and ptxas run outside Python). Errors are left to the timing
+    rounds, which launch each candidate again and record what fails."""
+    def first_launch(tile):
+        with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
+            run(tile)
+
+    with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:
+        for future in [pool.submit(first_launch, tile) for tile in candidates]:
+            with contextlib.suppress(Exception):
+                future.result()
+
+
+def _tune(name, key, candidates, frame, run, timer, device_index) -> Tile:
     start = time.perf_counter()
     progress = _Progress(name, frame, len(candidates) * ROUNDS)
+    if device_index is not None:
+        _compile_all(candidates, run, device_index)
     times: dict[Tile, float] = {}
     failures: dict[Tile, str] = {}
     for _ in range(ROUNDS):
