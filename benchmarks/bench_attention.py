@@ -161,12 +161,30 @@ def check(out, ref, label):
         raise AssertionError(f"{label}: relative error {err:.3g} against eager")
 
 
+KEY_FIELDS = ("suite", "variant", "B", "H", "Hkv", "M", "N", "D", "Dv", "dtype", "system")
+
+
+def _row_key(row: dict, system: str) -> tuple:
+    return tuple(str(row[f]) if f != "system" else system for f in KEY_FIELDS)
+
+
+def rows_done(out_path: str) -> set:
+    """Keys of the rows already in ``out_path`` (for ``--resume``)."""
+    if not os.path.exists(out_path):
+        return set()
+    with open(out_path, newline="") as f:
+        return {_row_key(row, row["system"]) for row in csv.DictReader(f)}
+
+
 @contextlib.contextmanager
-def result_rows(out_path: str):
+def result_rows(out_path: str, resume: bool = False):
     """Warm the GPU, open ``out_path`` for appending (header when new) and yield
     ``record(row, system, label, before_timing, call, flops)``: it runs ``before_timing``
-    (a correctness check), times ``call`` (NaN on out-of-memory), writes and prints the row."""
+    (a correctness check), times ``call`` (NaN on out-of-memory), writes and prints the row.
+    ``record.todo(row, systems)`` lists the systems whose row is not yet in the file when
+    resuming (all of them otherwise)."""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    done = rows_done(out_path) if resume else set()
     warm_up_gpu()
     new = not os.path.exists(out_path)
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
@@ -188,24 +206,32 @@ def result_rows(out_path: str):
             f.flush()
             print(f"{label} {system:<15} {ms:9.3f} ms {tflops:7.1f} TFLOP/s {peak:10.1f} MB", flush=True)
 
+        record.todo = lambda row, systems: [s for s in systems if _row_key(row, s) not in done]
         yield record
 
 
-def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None):
+SOFTMAX_SYSTEMS = ("fxflash", "eager", "torch_compile", "flex_blockmask", "flex_kernel", "sdpa")
+BEYOND_SYSTEMS = ("fxflash", "eager", "torch_compile")
+
+
+def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None, resume=False):
     dtype, device = torch.bfloat16, "cuda"
     flex, create_block_mask = flex_api()
-    with result_rows(out_path) as record:
+    with result_rows(out_path, resume) as record:
         for S in seqlens:
             B = max(1, tokens // S)
             for gqa in gqa_modes:
                 Hkv = 2 if gqa else H
                 for name in variants:
-                    torch._dynamo.reset()
-                    fn, args, score_mod, mask_mod, sdpa = case(name, B, H, Hkv, S, D, device, dtype)
-                    q, k, v = args[:3]
                     flops = 2 * B * H * S * S * (D + D)
                     row = dict(suite="softmax", variant=name + ("_gqa" if gqa else ""), B=B, H=H, Hkv=Hkv,
                                M=S, N=S, D=D, Dv=D, dtype="bf16")
+                    todo = record.todo(row, systems or SOFTMAX_SYSTEMS)
+                    if not todo:
+                        continue
+                    torch._dynamo.reset()
+                    fn, args, score_mod, mask_mod, sdpa = case(name, B, H, Hkv, S, D, device, dtype)
+                    q, k, v = args[:3]
                     calls = {}
                     fast = fxflash.optimize(fn)
                     calls["fxflash"] = lambda: fast(*args)
@@ -232,7 +258,7 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                         print("   tuned:", tuned_configs(), flush=True)
 
                     for system, call in calls.items():
-                        if not systems or system in systems:
+                        if system in todo:
                             record(row, system, label, check_fxflash if system == "fxflash" else (lambda: None),
                                    call, 0 if system == "flex_blockmask" else flops)
                     calls.clear()
@@ -275,14 +301,17 @@ def beyond_cases(name: str, seqlens, device, dtype, tokens=16384):
         raise ValueError(name)
 
 
-def run_beyond(variants, seqlens, out_path, systems=None):
+def run_beyond(variants, seqlens, out_path, systems=None, resume=False):
     """The ``beyond`` suite: fxflash, eager and torch.compile; fxflash checked against eager."""
     dtype, device = torch.bfloat16, "cuda"
-    with result_rows(out_path) as record:
+    with result_rows(out_path, resume) as record:
         for name in variants:
             for fields, fn, args, flops in beyond_cases(name, seqlens, device, dtype):
-                torch._dynamo.reset()
                 row = dict(suite="beyond", variant=name, dtype="bf16", **fields)
+                todo = record.todo(row, systems or BEYOND_SYSTEMS)
+                if not todo:
+                    continue
+                torch._dynamo.reset()
                 fast = fxflash.optimize(fn)
                 compiled = torch.compile(fn, dynamic=False)
                 calls = {"fxflash": lambda: fast(*args), "eager": lambda: fn(*args),
@@ -301,7 +330,7 @@ def run_beyond(variants, seqlens, out_path, systems=None):
                         check(calls["fxflash"](), reference, f"{label} fxflash")
 
                 for system, call in calls.items():
-                    if not systems or system in systems:
+                    if system in todo:
                         record(row, system, label, check_fxflash if system == "fxflash" else (lambda: None),
                                call, flops)
                 reference = None  # free it before the next case

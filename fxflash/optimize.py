@@ -16,6 +16,7 @@ import torch
 
 from .capture import CaptureError, SignatureCache, capture, module_params, signature_of
 from .config import config
+from .codegen.op import with_direct_calls
 from .pipeline import optimize_graph
 from .report import Report
 
@@ -50,6 +51,8 @@ def _compile(fn, module, params, args, kwargs) -> _Compiled:
         return _Compiled(None, None, None, str(exc))
     if not any(region.fused for region in report.regions):
         runner = None  # nothing fused: the user's own code runs, bit for bit as eager
+    else:
+        runner = with_direct_calls(runner)
     return _Compiled(captured, runner, report)
 
 

@@ -17,8 +17,9 @@ import torch.utils._pytree as pytree
 def stride_class(t: torch.Tensor) -> tuple:
     """The layout facts a trace may depend on: the order of the strides and which axes are
     broadcast (stride 0) or of size one. Two tensors of one class are traced alike."""
-    order = tuple(sorted(range(t.dim()), key=lambda i: (-t.stride(i), i)))
-    zero = tuple(s == 0 for s in t.stride())
+    strides = t.stride()
+    order = tuple(sorted(range(len(strides)), key=lambda i: (-strides[i], i)))
+    zero = tuple(s == 0 for s in strides)
     return (order, zero, t.is_contiguous())
 
 
@@ -44,9 +45,21 @@ def _leaf_key(x: Any) -> Hashable:
 
 def signature_of(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable:
     """A hashable key for one call: its pytree structure, every leaf's key, the grad mode."""
+    param_key = tuple((n, _leaf_key(p)) for n, p in (params or {}).items()) if params else ()
+    if is_flat_call(args, kwargs):
+        # the common call f(q, k, v, 0.5): a flat tuple, no pytree walk (the per-call cost)
+        return ("flat", len(args), tuple(_leaf_key(x) for x in args), param_key, torch.is_grad_enabled())
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    param_key = tuple((n, _leaf_key(p)) for n, p in (params or {}).items())
     return (str(spec), tuple(_leaf_key(x) for x in leaves), param_key, torch.is_grad_enabled())
+
+
+_FLAT_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def is_flat_call(args: tuple, kwargs: dict) -> bool:
+    """No kwargs and every argument a pytree leaf (a tensor or a plain value): the flat
+    leaves are ``args`` themselves."""
+    return not kwargs and all(type(x) in _FLAT_LEAVES or isinstance(x, torch.Tensor) for x in args)
 
 
 class SignatureCache:

@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .decompositions import decomposition_table
+from .signature import is_flat_call
 
 log = logging.getLogger("fxflash")
 
@@ -48,7 +49,8 @@ class CapturedGraph:
     tracing_mode: str
 
     def flat_inputs(self, params: dict, args: tuple, kwargs: dict) -> list:
-        leaves, _ = pytree.tree_flatten((args, kwargs))
+        # (args, kwargs) flattens to args then kwargs' values: a flat call needs no pytree walk
+        leaves = args if is_flat_call(args, kwargs) else pytree.tree_flatten((args, kwargs))[0]
         return [params[n] for n in self.param_names] + [leaves[i] for i in self.tensor_positions]
 
     def run(self, module: torch.fx.GraphModule, params: dict, args: tuple, kwargs: dict) -> Any:

@@ -58,21 +58,30 @@ def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
     return [like.new_empty([shapes[0][a] for a in order], dtype=plan.out_dtype).permute(inverse), *sides]
 
 
-def _arg(spec, inputs, frame, out, sides):
-    kind = spec[0]
-    if kind == "out_stride":
-        return out.stride(spec[1])
-    if kind == "side":
-        return sides[spec[1]]
-    if kind == "ptr":
-        return inputs[spec[1]]
-    if kind == "stride":
-        return inputs[spec[1]].stride(spec[2])
-    if kind == "size":
-        return inputs[spec[1]].shape[spec[2]]
-    if kind == "frame":
-        return frame[spec[1]]
-    raise ValueError(spec)
+def _kernel_args(specs, inputs, frame, out, sides) -> list:
+    """The run-time parameters named by ``plan.args`` (see KernelPlan), in order; each input's
+    strides and shape read once."""
+    strides = [t.stride() for t in inputs]
+    shapes = [t.shape for t in inputs]
+    out_strides = out.stride()
+    values = []
+    for spec in specs:
+        kind = spec[0]
+        if kind == "stride":
+            values.append(strides[spec[1]][spec[2]])
+        elif kind == "ptr":
+            values.append(inputs[spec[1]])
+        elif kind == "size":
+            values.append(shapes[spec[1]][spec[2]])
+        elif kind == "frame":
+            values.append(frame[spec[1]])
+        elif kind == "out_stride":
+            values.append(out_strides[spec[1]])
+        elif kind == "side":
+            values.append(sides[spec[1]])
+        else:
+            raise ValueError(spec)
+    return values
 
 
 def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list) -> list:
@@ -80,7 +89,7 @@ def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list
     result and of the row values stored beside it. Returns [result, *row values]."""
     out, *sides = empty_results(plan, out_shapes, inputs[0])
     batch = math.prod(frame[:-2])
-    args = [_arg(spec, inputs, frame, out, sides) for spec in plan.args]
+    args = _kernel_args(plan.args, inputs, frame, out, sides)
     dims = block_dims_of(plan)
 
     def run(tile):

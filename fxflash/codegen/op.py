@@ -87,6 +87,30 @@ def _region_fake(key, inputs, sizes, scalars):
     return empty_results(entry.plan, shapes, inputs[0])
 
 
+def call_region(key: str, inputs: list, sizes: list, scalars: list) -> list:
+    """A fused region called from ``optimize()``'s own graph: straight to the kernel when the
+    dispatcher has nothing to do (no gradient to record, plain tensors, no mode or compiler
+    tracing the call), which saves its per-call cost; through the custom op otherwise."""
+    if ((torch.is_grad_enabled() and any(t.requires_grad for t in inputs))
+            or any(type(t) is not torch.Tensor for t in inputs)
+            or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
+            or torch.compiler.is_compiling()):
+        return region(key, inputs, sizes, scalars)
+    return registered(key).run(inputs, sizes, scalars)
+
+
+def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose region calls go through ``call_region`` (for graphs that run as
+    Python, never handed to a compiler)."""
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    graph.output(out[0] if isinstance(out, tuple) else out)
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
+            node.target = call_region
+    return fx.GraphModule(gm, graph)
+
+
 def _setup_context(ctx, inputs, output):
     key, tensors, sizes, scalars = inputs
     ctx.key = key
