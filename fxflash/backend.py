@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 
 import torch
 
 from .capture import capture
-from .pipeline import optimize_graph
+from .pipeline import optimize_graph, timed
 
 log = logging.getLogger("fxflash")
 
@@ -67,11 +66,10 @@ def backend(inner: str = "inductor"):
         raise ValueError(f"fxflash backend: inner must be one of {INNER_COMPILERS}, got {inner!r}")
 
     def fxflash_compile(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-        start = time.perf_counter()
-        captured = _retrace(gm, example_inputs)
-        capture_s = time.perf_counter() - start
-        rewritten, report = optimize_graph(captured.graph_module)
-        report.seconds = {"capture": capture_s, **report.seconds}
+        seconds: dict = {}
+        with timed(seconds, "capture"):
+            captured = _retrace(gm, example_inputs)
+        rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
         recent_reports.append(report)
         log.debug("fxflash backend: %r", report)
         compiled = _inner_compile(inner, rewritten, example_inputs)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
 from typing import Any, Callable
 
@@ -16,8 +15,8 @@ import torch
 
 from .capture import CaptureError, SignatureCache, capture, module_params, signature_of
 from .config import config
-from .codegen.op import with_direct_calls
-from .pipeline import optimize_graph
+from .codegen.rewrite import with_direct_calls
+from .pipeline import optimize_graph, timed
 from .report import Report
 
 log = logging.getLogger("fxflash")
@@ -35,11 +34,10 @@ class _Compiled:
 
 def _captured_and_optimized(fn, module, params, args, kwargs):
     """(captured program, rewritten graph, report); the report's ``seconds`` include capture."""
-    start = time.perf_counter()
-    captured = capture(fn, args, kwargs, module=module, params=params)
-    capture_s = time.perf_counter() - start
-    runner, report = optimize_graph(captured.graph_module)
-    report.seconds = {"capture": capture_s, **report.seconds}
+    seconds: dict = {}
+    with timed(seconds, "capture"):
+        captured = capture(fn, args, kwargs, module=module, params=params)
+    runner, report = optimize_graph(captured.graph_module, seconds=seconds)
     return captured, runner, report
 
 

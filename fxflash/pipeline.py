@@ -57,7 +57,7 @@ def _check_device(region) -> None:
 
 
 @contextlib.contextmanager
-def _timed(seconds: dict, stage: str):
+def timed(seconds: dict, stage: str):
     """Add the wall time of the block to ``seconds[stage]``."""
     start = time.perf_counter()
     try:
@@ -66,28 +66,23 @@ def _timed(seconds: dict, stage: str):
         seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
-def _copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
-    graph = fx.Graph()
-    node_map: dict = {}
-    out = graph.graph_copy(gm.graph, node_map, return_output_node=True)
-    graph.output(out[0] if isinstance(out, tuple) else out)
-    return fx.GraphModule(gm, graph), node_map
-
-
-def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.GraphModule, Report]:
+def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
+                   seconds: dict | None = None) -> tuple[fx.GraphModule, Report]:
     """Analyse ``gm``, fuse what the rules allow, and return the rewritten graph and a report.
 
-    ``gm`` itself is left unchanged; the rewrite is a new GraphModule.
+    ``gm`` itself is left unchanged; the rewrite is a new GraphModule. ``seconds`` holds the
+    times of stages run before (capture); the report adds its own stages to it.
     """
     from .codegen import Unprintable, emit_kernel, load_kernel, replace_region
+    from .codegen.rewrite import copy_graph
 
     fuse = config.fuse if fuse is None else fuse
-    seconds: dict = {}
-    with _timed(seconds, "analysis"):
+    seconds = {} if seconds is None else seconds
+    with timed(seconds, "analysis"):
         analysis = analyse(gm)
         near_misses: list = []
         chains = find_chains(analysis, near_misses)
-    rewritten, node_map = _copy_graph(gm)
+    rewritten, node_map = copy_graph(gm)
     regions = [_region_report(analysis, miss.chain, miss.reason, "chain discovery", miss.node)
                for miss in near_misses]
     for chain in chains:
@@ -95,10 +90,10 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
             regions.append(_region_report(analysis, chain, "fusion is turned off (config.fuse)", "config"))
             continue
         try:
-            with _timed(seconds, "fusion"):
+            with timed(seconds, "fusion"):
                 region = build_region(analysis, chain)
                 _check_device(region)
-            with _timed(seconds, "code generation"):
+            with timed(seconds, "code generation"):
                 plan = emit_kernel(region, analysis.kinds)
                 kernel = load_kernel(plan.source, plan.name)
                 replace_region(rewritten, region, plan, kernel, node_map)
@@ -119,4 +114,4 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None) -> tuple[fx.Gra
     return rewritten, report
 
 
-__all__ = ["optimize_graph"]
+__all__ = ["optimize_graph", "timed"]

@@ -45,7 +45,7 @@ def _leaf_key(x: Any) -> Hashable:
 
 def signature_of(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable:
     """A hashable key for one call: its pytree structure, every leaf's key, the grad mode."""
-    param_key = tuple((n, _leaf_key(p)) for n, p in (params or {}).items()) if params else ()
+    param_key = tuple((n, _leaf_key(p)) for n, p in params.items()) if params else ()
     if is_flat_call(args, kwargs):
         # the common call f(q, k, v, 0.5): a flat tuple, no pytree walk (the per-call cost)
         return ("flat", len(args), tuple(_leaf_key(x) for x in args), param_key, torch.is_grad_enabled())

@@ -121,6 +121,7 @@ class _Printer:
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
         self.skips_tiles = False
+        self.full_proved = False   # tile_range classifies full tiles (every mask has an interval)
         self.scan = 128            # key tiles classified per chunk (tile_range)
         self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
         self.inline_memo: dict = {}
@@ -716,7 +717,8 @@ class _Printer:
         """Lines that classify this row tile's key tiles, SCAN of them at a time (vectors: no
         scalar loop over tiles, one load per chunk for a tensor summarized per tile), into
         ``[lo_t, hi_t)``, the tiles to visit (leading and trailing tiles that a tile mask
-        empties are skipped), and ``[f_lo, f_hi)`` inside it, a run of whole tiles where every
+        empties are skipped), and (with ``config.full_tiles``) ``[f_lo, f_hi)`` inside it, a run
+        of whole tiles where every
         tile mask is proved to keep every score (visited without evaluating the masks). Tiles
         inside ``[lo_t, hi_t)`` that a mask empties are still visited, masked: sound for any
         mask. ``f_lo == f_hi`` when the full tiles are not one contiguous run."""
@@ -725,9 +727,10 @@ class _Printer:
             return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
         lines, empty, full = tests
         row_part, key_part = _split_invariant(lines, ("n_lo", "n_hi"))
+        self.full_proved = full is not None
         out = ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part,
-               "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)",
-               "lo_t = n_tiles", "hi_t = n_tiles * 0", "f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0",
+               "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)", "lo_t = n_tiles", "hi_t = n_tiles * 0",
+               *(["f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0"] if self.full_proved else []),
                f"for c0 in range(0, n_tiles, {self.scan}):",
                f"    t = c0 + tl.arange(0, {self.scan})",
                "    n_lo = t * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
@@ -735,21 +738,23 @@ class _Printer:
         out += [f"    live = (t < n_tiles) & ~({empty})",
                 "    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, t, n_tiles), 0))",
                 "    hi_t = tl.maximum(hi_t, tl.max(tl.where(live, t + 1, 0), 0))"]
-        if full is not None:
+        if self.full_proved:
             out += [f"    full = live & (t < N // BLOCK_N) & ({full})",
                     "    f_lo = tl.minimum(f_lo, tl.min(tl.where(full, t, n_tiles), 0))",
                     "    f_hi = tl.maximum(f_hi, tl.max(tl.where(full, t + 1, 0), 0))",
                     "    n_full += tl.sum(full.to(tl.int32), 0)"]
-        out += ["hi_t = tl.maximum(hi_t, lo_t)",
-                "one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
-                "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+        out.append("hi_t = tl.maximum(hi_t, lo_t)")
+        if self.full_proved:
+            out += ["one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
+                    "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
         return out
 
     def tile_tests(self):
         """(vectorizable lines, empty, full): ``empty`` is true for a key tile
         ``[n_lo, n_hi]`` (vectors over tiles) that one of the region's tile masks masks
         everywhere on rows ``[m_lo, m_hi]``; ``full`` (None when not every mask has an
-        interval) is true where every tile mask keeps every score. None when no mask has one."""
+        interval, or ``config.full_tiles`` is off) is true where every tile mask keeps every
+        score. None when no mask has one."""
         from .intervals import IntervalPrinter, NoInterval
 
         ranges = {ROW: ("m_lo", "m_hi"), COL: ("n_lo", "n_hi")}
@@ -784,7 +789,7 @@ class _Printer:
         # a chunk of per-tile summaries loads [SCAN, BLOCK_N] values: fewer tiles per chunk; the
         # interpreter's test shapes have few tiles: small chunks so that they take several
         self.scan = 4 if interpreting() else 32 if ip.summarized else 128
-        return ip.lines, " & ".join(empty), " & ".join(full) if complete else None
+        return ip.lines, " & ".join(empty), " & ".join(full) if complete and config.full_tiles else None
 
     def full_tile_loop(self) -> list | None:
         """The loop body for tiles where every tile mask keeps every score: each mask's
@@ -815,7 +820,7 @@ class _Printer:
         body += ["    " + line for line in tile_range]
         body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
         whole = ("tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)")
-        full_loop = self.full_tile_loop() if self.skips_tiles and config.full_tiles else None
+        full_loop = self.full_tile_loop() if self.full_proved else None
         if full_loop is None:   # whole key tiles, then the partial one
             loops = [("lo_t", "n_split", *whole, self.loop)]
         else:                   # masked, full (masks folded), masked, then the partial one

@@ -99,18 +99,6 @@ def call_region(key: str, inputs: list, sizes: list, scalars: list) -> list:
     return registered(key).run(inputs, sizes, scalars)
 
 
-def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose region calls go through ``call_region`` (for graphs that run as
-    Python, never handed to a compiler)."""
-    graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
-    graph.output(out[0] if isinstance(out, tuple) else out)
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
-            node.target = call_region
-    return fx.GraphModule(gm, graph)
-
-
 def _setup_context(ctx, inputs, output):
     key, tensors, sizes, scalars = inputs
     ctx.key = key

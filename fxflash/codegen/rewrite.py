@@ -1,4 +1,5 @@
-"""Rewrite: replace each fused region's nodes by one call to ``fxflash::region``."""
+"""Rewrite: replace each fused region's nodes by one call to ``fxflash::region`` (in a copy of
+the graph); for graphs that run as Python, call the regions directly (``with_direct_calls``)."""
 from __future__ import annotations
 
 import operator
@@ -8,7 +9,27 @@ import torch.fx as fx
 
 from ..patterns.region import FusionRefused, Region
 from .emit import KernelPlan
-from .op import RegisteredRegion, register
+from .op import RegisteredRegion, call_region, register
+
+
+def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
+    """A new GraphModule with a copy of ``gm``'s graph, and the map from its nodes to the copy's."""
+    graph = fx.Graph()
+    node_map: dict = {}
+    out = graph.graph_copy(gm.graph, node_map, return_output_node=True)
+    graph.output(out[0] if isinstance(out, tuple) else out)
+    return fx.GraphModule(gm, graph), node_map
+
+
+def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose region calls go through ``call_region`` (for graphs that run as
+    Python, never handed to a compiler)."""
+    copy, _ = copy_graph(gm)
+    for node in copy.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
+            node.target = call_region
+    copy.recompile()
+    return copy
 
 
 def reference_subgraph(outputs: list[fx.Node], inputs: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:

@@ -235,18 +235,16 @@ def chosen() -> dict[str, Tile]:
     return dict(_chosen)
 
 
-def forget(memory: bool = True, disk: bool = False) -> None:
-    """Drop this process's choices (and with ``disk``, tuning.json): the next launch tunes again
-    (or reads the file). For tests and benchmarks that measure a cold start."""
+def forget(disk: bool = False) -> None:
+    """Drop this process's choices (and with ``disk``, tuning.json): the next launch reads the
+    file again (or tunes again). For tests and benchmarks that measure a cold start."""
     global _disk
     with _lock:
-        if memory:
-            _chosen.clear()
-            _disk = None
+        _chosen.clear()
+        _disk = None
         if disk:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tuning_file())
-            _disk = None
 
 
 class _Progress:
