@@ -35,6 +35,13 @@ class Config:
     full_tiles:      with block sparsity, visit the key tiles that every mask keeps in a loop of
                      their own with the masks folded away; ``FXFLASH_FULL_TILES=0`` evaluates
                      the masks on every visited tile (for A/B measurements).
+    fold_scale:      carry a positive constant factor of the scores (``s / √d``) past max and
+                     into the exp2 multiply-add instead of multiplying every score by it
+                     (rules.POSITIVE_SCALE); ``FXFLASH_FOLD_SCALE=0`` multiplies (for A/B).
+    heavy_rows_first: give the row tiles to programs last tile first, so that under a mask that
+                     lets later queries see more keys (causal, prefix-LM) the longest programs
+                     start first and the short ones fill the last wave; ``FXFLASH_HEAVY_ROWS_FIRST=0``
+                     keeps the natural order (for A/B measurements).
     exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
                      fused multiply-add per score, rules.Homomorphism); ``FXFLASH_EXP2_FMA=0``
                      keeps ``tl.exp`` (for A/B measurements).
@@ -46,6 +53,8 @@ class Config:
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"
+    fold_scale: bool = os.environ.get("FXFLASH_FOLD_SCALE", "1") != "0"
+    heavy_rows_first: bool = os.environ.get("FXFLASH_HEAVY_ROWS_FIRST", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")

@@ -18,6 +18,7 @@ are printed from the tile indices and never loaded.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import torch
@@ -28,7 +29,7 @@ from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..config import config, interpreting
 from ..patterns.region import ROW as ROW_FORM, ROW_LAYOUTS, Region
 from ..patterns.chains import OUTPUT_REDUCTIONS
-from ..patterns.rules import HOMOMORPHISMS, MAX_HEAD_DIM, ONLINE_REDUCTIONS
+from ..patterns.rules import HOMOMORPHISMS, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
@@ -66,12 +67,16 @@ class KernelPlan:
 @dataclasses.dataclass
 class Value:
     """A printed value. ``bound = (a, b)``: an int64 index value held in int32, exact while
-    ``|v| ≤ a·S + b`` with S the largest frame size (checked at every launch)."""
+    ``|v| ≤ a·S + b`` with S the largest frame size (checked at every launch). ``scaled =
+    (base, c)``: the value equals ``c · base`` for a positive constant ``c`` (rules.POSITIVE_SCALE),
+    so a max/min over it is ``c`` times the max/min over ``base`` and ``exp(v − m)`` one
+    multiply-add on ``base``."""
 
     code: str
     varies_n: bool = False
     is_literal: bool = False
     bound: tuple | None = None
+    scaled: tuple | None = None
 
 
 # Integer ops computed in int32 on index values, with the bound of their result from the
@@ -410,7 +415,15 @@ class _Printer:
         code = PRINTERS[p]([a.code for a in args], node)
         if dtype is not None and not all(a.is_literal for a in args):
             code = f"({code}).to({compute_dtype(dtype)})"
-        return self.place(code, varies)
+        value = self.place(code, varies)
+        folds = config.fold_scale and dtype is not None and dtype.is_floating_point
+        scaled = _positive_scale(p, node, args) if folds else None
+        if scaled is not None:
+            base, c = scaled
+            if not re.fullmatch(r"\w+", base):
+                base = self.place(base, varies).code
+            value = dataclasses.replace(value, scaled=(base, c))
+        return value
 
     # -- int32 index arithmetic ------------------------------------------------------------
     def bounded(self, code: str, varies_n: bool, bound: tuple) -> Value:
@@ -460,7 +473,7 @@ class _Printer:
         self.pre += [
             "pid = tl.program_id(0)",
             "n_mt = tl.cdiv(M, BLOCK_M)",
-            "mt = pid % n_mt",
+            "mt = n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "mt = pid % n_mt",
             "lin = pid // n_mt",
             "rest = lin",
         ]
@@ -569,7 +582,12 @@ class _Printer:
             x = self.vars[shift.args[0]]
             hom = HOMOMORPHISMS[p]
             fma = hom.apply_fma is not None and config.exp2_fma and r.q.node.meta["val"].element_size() == 2
-            code = (hom.apply_fma if fma else hom.apply).format(x=x.code, m=f"mu_{form.scale.name}{self.sfx()}")
+            m = f"mu_{form.scale.name}{self.sfx()}"
+            if fma:
+                base, c = x.scaled or (x.code, 1.0)
+                code = hom.apply_fma.format(x=base, k=repr(c * LOG2E), m=m)
+            else:
+                code = hom.apply.format(x=x.code, m=m)
             self.vars[node] = self.place(code, True, "e")
             return
         if node in r.passthrough:
@@ -590,7 +608,9 @@ class _Printer:
         if red.combine in ("max", "min"):
             fill = "float('-inf')" if red.combine == "max" else "float('inf')"
             pick = "tl.maximum" if red.combine == "max" else "tl.minimum"
-            self.loop.append(f"tile_{name} = tl.{red.combine}(tl.where(col_ok, {x.code}, {fill}), 1, keep_dims=True)")
+            base, c = x.scaled or (x.code, None)
+            factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
+            self.loop.append(f"tile_{name} = tl.{red.combine}(tl.where(col_ok, {base}, {fill}), 1, keep_dims=True){factor}")
             self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
             if red.combine == "max":
                 hom = self.r.rescales.get(red.node, HOMOMORPHISMS[aten.exp])  # exp: nothing reads alpha
@@ -850,6 +870,43 @@ class _Printer:
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
+
+
+def _positive_literal(v: Value) -> float | None:
+    """The value of a finite positive float or int literal, else None."""
+    if not v.is_literal:
+        return None
+    try:
+        c = float(v.code)
+    except ValueError:
+        return None
+    return c if 0 < c < math.inf else None
+
+
+def _positive_scale(p, node: fx.Node, args: list) -> tuple | None:
+    """``(base, c)`` with the op's result ``= c · base``, ``c > 0`` a constant, when ``p`` keeps a
+    positive scale (rules.POSITIVE_SCALE); ``base`` is source, a name or an expression."""
+    how = POSITIVE_SCALE.get(p)
+    if how == "times":
+        for x, factor in ((args[0], args[1]), (args[1], args[0])):
+            c = _positive_literal(factor)
+            if c is not None and not x.is_literal:
+                base, c0 = x.scaled or (x.code, 1.0)
+                return base, c0 * c
+    elif how == "over":
+        c = _positive_literal(args[1])
+        if c is not None and not args[0].is_literal and node.kwargs.get("rounding_mode") is None:
+            base, c0 = args[0].scaled or (args[0].code, 1.0)
+            return base, c0 / c
+    elif how == "same":
+        return args[0].scaled
+    elif how == "masked":
+        cond, a, b = args
+        for fill, x, order in ((a, b, "{c}, {f}, {x}"), (b, a, "{c}, {x}, {f}")):
+            if fill.code == "float('-inf')" and x.scaled is not None:
+                base, c = x.scaled
+                return "tl.where(" + order.format(c=cond.code, f=fill.code, x=base) + ")", c
+    return None
 
 
 def _literal_bound(value) -> tuple | None:

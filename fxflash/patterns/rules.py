@@ -37,7 +37,9 @@ class Homomorphism:
     m·log₂e)``, where ``m·log₂e`` is a per-row value and ``x·log₂e − (…)`` one fused multiply-add
     per score instead of a subtraction and the multiplication by log₂e inside ``tl.exp``. It
     rounds ``x·log₂e`` instead of ``x − m`` (relative error ~2⁻²⁴·|x| in the exponent), far
-    below a 16-bit input's own error; fp32 inputs keep ``apply``."""
+    below a 16-bit input's own error; fp32 inputs keep ``apply``. Its ``{k}`` is ``log₂e``, or
+    ``c·log₂e`` when ``x = c·x'`` (POSITIVE_SCALE) and ``x'`` is printed instead: the score
+    scale folds into the same multiply-add."""
 
     name: str
     apply: str      # format with x, m
@@ -47,8 +49,21 @@ class Homomorphism:
 
 HOMOMORPHISMS = {
     aten.exp: Homomorphism("exp", "tl.exp({x} - {m})", "tl.exp({old} - {new})",
-                           f"tl.exp2({{x}} * {LOG2E!r} - {{m}} * {LOG2E!r})"),
+                           f"tl.exp2({{x}} * {{k}} - {{m}} * {LOG2E!r})"),
     aten.exp2: Homomorphism("exp2", "tl.exp2({x} - {m})", "tl.exp2({old} - {new})"),
+}
+
+# Ops through which a value stays a positive constant multiple ``c·x`` of a cheaper value ``x``
+# (codegen's Value.scaled), and how: "times" (``x · c`` or ``c · x``, c a positive literal),
+# "over" (``x / c``), "same" (a float cast: the kernel holds every float in fp32), "masked"
+# (``where(m, -inf, c·x) = c·where(m, -inf, x)``). Then ``max(c·x) = c·max(x)`` (rounding is
+# monotone: the same value) and ``exp(c·x − m) = 2^(x·(c·log₂e) − m·log₂e)``: the score scale
+# costs nothing per score.
+POSITIVE_SCALE = {
+    aten.mul: "times",
+    aten.div: "over",
+    aten._to_copy: "same",
+    aten.where: "masked",
 }
 
 # Reductions over the demoted axis that can be computed online: packet → (combine, identity).
