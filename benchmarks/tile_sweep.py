@@ -1,11 +1,15 @@
 """Time one fused region under each tile configuration, and the tuner's pick.
 
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant evoformer_row --batch 8 --head-dim 64
+    PYTHONPATH=. python benchmarks/tile_sweep.py --variant sliding_window --gqa --seqlen 4096
 
 For profiling a variant whose fused kernel is slower than expected: prints, for every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) in the autotuner's table and a few beyond it, the
-``do_bench`` median of the whole optimized call, then what fxflash's tuner chose (timed
-afresh: the tuning cache is not read).
+``do_bench`` median of the whole optimized call and the median of its CUDA-graph replays
+(``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
+call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
+read). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16 query
+heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import fxflash  # noqa: E402
 from fxflash.codegen import emit, tuning  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import beyond_cases  # noqa: E402
+from bench_attention import SUITES, beyond_cases, case  # noqa: E402
 
 EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)]
 
@@ -33,10 +37,18 @@ def main():
     parser.add_argument("--batch", type=int, default=8, help="the case whose B (or B·N_seq / 256) matches")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--gqa", action="store_true", help="softmax suite: 2 KV heads")
     opts = parser.parse_args()
-    cases = [c for c in beyond_cases(opts.variant, [opts.seqlen], "cuda", torch.bfloat16)
-             if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256)]
-    fields, fn, args, flops = cases[0]
+    if opts.variant in SUITES["softmax"]:
+        B, H, D = max(1, 16384 // opts.seqlen), 16, 64
+        hkv = 2 if opts.gqa else H
+        fn, args = case(opts.variant, B, H, hkv, opts.seqlen, D, "cuda", torch.bfloat16)[:2]
+        fields = dict(B=B, H=H, Hkv=hkv, M=opts.seqlen, N=opts.seqlen, D=D, Dv=D)
+        flops = 4 * B * H * opts.seqlen * opts.seqlen * D
+    else:
+        cases = [c for c in beyond_cases(opts.variant, [opts.seqlen], "cuda", torch.bfloat16)
+                 if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256)]
+        fields, fn, args, flops = cases[0]
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fast = fxflash.optimize(fn)
     configs = emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
@@ -46,7 +58,9 @@ def main():
             with tuning.pinned(tile):
                 fast(*args)
                 ms = triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100, return_mode="median")
-            print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s", flush=True)
+                graph_ms = triton.testing.do_bench_cudagraph(lambda: fast(*args), rep=100, return_mode="median")
+            print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s, "
+                  f"graph replay {graph_ms:8.3f} ms", flush=True)
         except Exception as exc:  # out of shared memory or registers for this tile
             print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {type(exc).__name__}", flush=True)
     fxflash.config.kernel_cache_dir = tempfile.mkdtemp()  # an empty tuning cache: time afresh

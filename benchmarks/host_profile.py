@@ -1,0 +1,59 @@
+"""Host time per call of an optimized softmax-suite variant, and where it goes.
+
+    PYTHONPATH=. python benchmarks/host_profile.py --variant sliding_window [--gqa] [--calls 2000]
+
+The problem is tiny (B=1, 16 heads, 128 tokens), so the GPU finishes each kernel long before
+the host issues the next: wall time over calls is the host time per call. Prints it for the
+optimized call and eager, then the top of a cProfile of the optimized calls.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import fxflash  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import case  # noqa: E402
+
+
+def per_call_us(fn, args, calls: int) -> float:
+    for _ in range(20):
+        fn(*args)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="vanilla")
+    parser.add_argument("--gqa", action="store_true")
+    parser.add_argument("--calls", type=int, default=2000)
+    opts = parser.parse_args()
+    fn, args = case(opts.variant, 1, 16, 2 if opts.gqa else 16, 128, 64, "cuda", torch.bfloat16)[:2]
+    fast = fxflash.optimize(fn)
+    label = opts.variant + (" (GQA)" if opts.gqa else "")
+    print(f"{label}: fxflash {per_call_us(fast, args, opts.calls):.1f} us/call, "
+          f"eager {per_call_us(fn, args, opts.calls):.1f} us/call", flush=True)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(opts.calls):
+        fast(*args)
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+
+
+if __name__ == "__main__":
+    main()
