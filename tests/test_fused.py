@@ -426,3 +426,36 @@ def test_exp_is_printed_as_exp2_with_a_fused_multiply_add_for_16_bit_inputs_only
     assert ("= tl.exp(t" in source) != fma
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
+
+
+@pytest.mark.parametrize("name", ["vanilla", "causal", "softcap"])
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_positive_score_scale_is_folded_past_max_and_into_exp2(name, fold, monkeypatch):
+    """max(c·s) = c·max(s) and exp(c·s - m) = 2^(s·(c·log₂e) - m·log₂e) for c > 0: the max is
+    taken over the raw scores (through a -inf mask too) and c·log₂e is the FMA's constant;
+    softcap's tanh between the scale and the max keeps the multiply. Same accuracy either way."""
+    monkeypatch.setattr(fxflash.config, "fold_scale", fold)
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES["odd"], torch.float16)
+    source = fxflash.explain(variant.fn, *args).regions[0].source
+    c = 1 / math.sqrt(args[0].size(-1))
+    folded = f"* {c * 1.4426950408889634!r} - mu_amax" in source
+    assert folded == (fold and name != "softcap")
+    assert (f"keep_dims=True) * {c!r}" in source) == folded
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def test_a_negative_or_tensor_scale_is_not_folded():
+    """max(c·x) = c·max(x) needs c > 0: a negative literal, or a scale held in a tensor, keeps
+    the multiply per score (and the result stays eager's)."""
+    def negative(q, k, v):
+        return torch.softmax((q @ k.transpose(-2, -1)) * -0.25, dim=-1) @ v
+
+    def tensor_scale(q, k, v, c):
+        return torch.softmax((q @ k.transpose(-2, -1)) * c, dim=-1) @ v
+
+    args = VARIANTS["vanilla"].inputs(SHAPES["odd"], torch.float16)
+    for fn, call_args in ((negative, args), (tensor_scale, args + (torch.tensor(0.25, dtype=torch.float16),))):
+        source = fxflash.explain(fn, *call_args).regions[0].source
+        assert "* 0.3606737602222409 - mu_amax" not in source and "keep_dims=True) *" not in source
+        assert_accurate(fn, call_args, fxflash.optimize(fn)(*call_args))
