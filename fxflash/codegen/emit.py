@@ -610,7 +610,8 @@ class _Printer:
             pick = "tl.maximum" if red.combine == "max" else "tl.minimum"
             base, c = x.scaled or (x.code, None)
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
-            self.loop.append(f"tile_{name} = tl.{red.combine}(tl.where(col_ok, {base}, {fill}), 1, keep_dims=True){factor}")
+            tile = f"tl.{red.combine}(tl.where(col_ok, {base}, {fill}), 1, keep_dims=True)"
+            self.loop.append(f"tile_{name} = {tile}{factor}")
             self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
             if red.combine == "max":
                 hom = self.r.rescales.get(red.node, HOMOMORPHISMS[aten.exp])  # exp: nothing reads alpha
@@ -883,30 +884,46 @@ def _positive_literal(v: Value) -> float | None:
     return c if 0 < c < math.inf else None
 
 
+def _times(x: Value, c: float | None) -> tuple | None:
+    """``x · c`` as ``(base, c')`` for a positive literal ``c`` (None otherwise)."""
+    if c is None or x.is_literal:
+        return None
+    base, c0 = x.scaled or (x.code, 1.0)
+    return base, c0 * c
+
+
+def _over(x: Value, c: float | None) -> tuple | None:
+    """``x / c`` as ``x · (1/c)``."""
+    return _times(x, 1 / c) if c is not None else None
+
+
+def _masked(node, args) -> tuple | None:
+    """``where(m, -inf, c·x)`` or ``where(m, c·x, -inf)`` as ``c · where(m, -inf, x)``."""
+    cond, a, b = args
+    fill = literal(-math.inf)
+    for x, other in ((b, a), (a, b)):
+        if other.code == fill and x.scaled is not None:
+            base, c = x.scaled
+            pair = (fill, base) if x is b else (base, fill)
+            return f"tl.where({cond.code}, {pair[0]}, {pair[1]})", c
+    return None
+
+
+# How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args).
+SCALE_CARRIERS = {
+    "times": lambda node, a: _times(a[0], _positive_literal(a[1])) or _times(a[1], _positive_literal(a[0])),
+    "over": lambda node, a: (_over(a[0], _positive_literal(a[1]))
+                             if node.kwargs.get("rounding_mode") is None else None),
+    "same": lambda node, a: a[0].scaled,
+    "masked": _masked,
+}
+
+
 def _positive_scale(p, node: fx.Node, args: list) -> tuple | None:
     """``(base, c)`` with the op's result ``= c · base``, ``c > 0`` a constant, when ``p`` keeps a
     positive scale (rules.POSITIVE_SCALE); ``base`` is source, a name or an expression."""
     how = POSITIVE_SCALE.get(p)
-    if how == "times":
-        for x, factor in ((args[0], args[1]), (args[1], args[0])):
-            c = _positive_literal(factor)
-            if c is not None and not x.is_literal:
-                base, c0 = x.scaled or (x.code, 1.0)
-                return base, c0 * c
-    elif how == "over":
-        c = _positive_literal(args[1])
-        if c is not None and not args[0].is_literal and node.kwargs.get("rounding_mode") is None:
-            base, c0 = args[0].scaled or (args[0].code, 1.0)
-            return base, c0 / c
-    elif how == "same":
-        return args[0].scaled
-    elif how == "masked":
-        cond, a, b = args
-        for fill, x, order in ((a, b, "{c}, {f}, {x}"), (b, a, "{c}, {x}, {f}")):
-            if fill.code == "float('-inf')" and x.scaled is not None:
-                base, c = x.scaled
-                return "tl.where(" + order.format(c=cond.code, f=fill.code, x=base) + ")", c
-    return None
+    return SCALE_CARRIERS[how](node, args) if how is not None else None
 
 
 def _literal_bound(value) -> tuple | None:

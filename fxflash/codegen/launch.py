@@ -37,8 +37,9 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
     ``tuning.pinned``; else 16×16 tiles in the interpreter; on a GPU the tuned choice for
     this size bucket (tuning.choose)."""
     device = inputs[0].device
-    if tuning.pinned_tile() is not None:
-        return tuning.pinned_tile()
+    pinned = tuning.pinned_tile()
+    if pinned is not None:
+        return pinned
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
     return tuning.choose(plan.name, plan.source, plan.configs, [t.dtype for t in inputs], _device_label(device.index),
