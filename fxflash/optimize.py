@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from .capture import CaptureError, SignatureCache, capture, module_params, signature_of
+from .capture import CaptureError, SignatureCache, capture, exact_key, module_params, signature_of
 from .config import config
 from .codegen.rewrite import with_direct_calls
 from .pipeline import optimize_graph, timed
@@ -62,10 +62,22 @@ class _Optimizer:
         self._module = module
         self._cache_size = cache_size
         self.cache = SignatureCache(lambda: self._cache_size or config.cache_size)
+        self._signatures: dict = {}  # exact_key → signature_of, for flat calls (a memo)
+
+    def signature(self, args: tuple, kwargs: dict, params: dict):
+        exact = exact_key(args, kwargs, params)
+        key = self._signatures.get(exact) if exact is not None else None
+        if key is None:
+            key = signature_of(args, kwargs, params)
+            if exact is not None:
+                if len(self._signatures) >= 4 * max(1, len(self.cache)) + 16:
+                    self._signatures.clear()
+                self._signatures[exact] = key
+        return key
 
     def compiled_for(self, args: tuple, kwargs: dict) -> tuple[_Compiled, dict]:
         params = module_params(self._module)
-        key = signature_of(args, kwargs, params)
+        key = self.signature(args, kwargs, params)
         entry = self.cache.get_or_build(
             key, lambda: _compile(self._fn, self._module, params, args, kwargs)
         )

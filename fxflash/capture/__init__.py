@@ -1,5 +1,5 @@
 """Stage 1: tracing, decomposition, functionalization, the input-signature cache."""
-from .signature import SignatureCache, signature_of, stride_class
+from .signature import SignatureCache, exact_key, signature_of, stride_class
 from .trace import CaptureError, CapturedGraph, capture, module_params
 
 __all__ = [
@@ -7,6 +7,7 @@ __all__ = [
     "CapturedGraph",
     "SignatureCache",
     "capture",
+    "exact_key",
     "module_params",
     "signature_of",
     "stride_class",

@@ -34,7 +34,9 @@ def _leaf_key(x: Any) -> Hashable:
             stride_class(x),
             x.requires_grad,
         )
-    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+    if isinstance(x, float):
+        return ("V", "float", x.hex())  # -0.0 is not 0.0; every NaN is one key
+    if isinstance(x, (int, bool, str, type(None), torch.dtype, torch.device)):
         return ("V", type(x).__name__, x)
     try:
         hash(x)
@@ -54,6 +56,23 @@ def signature_of(args: tuple, kwargs: dict, params: dict | None = None) -> Hasha
 
 
 _FLAT_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def _exact_leaf(x: Any) -> Hashable:
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
+    return (type(x), x.hex() if type(x) is float else x)
+
+
+def exact_key(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable | None:
+    """For a flat call (``is_flat_call``): every tensor's shape, strides, dtype, device and
+    ``requires_grad`` flag and every other argument's value, and the grad mode. It determines
+    ``signature_of`` (the stride class is a function of shape and strides) and costs a fifth
+    of it, so it memoizes it; None for other calls."""
+    if not is_flat_call(args, kwargs):
+        return None
+    param_key = tuple((n, _exact_leaf(p)) for n, p in params.items()) if params else ()
+    return (tuple(_exact_leaf(x) for x in args), param_key, torch.is_grad_enabled())
 
 
 def is_flat_call(args: tuple, kwargs: dict) -> bool:

@@ -59,45 +59,122 @@ def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
     return [like.new_empty([shapes[0][a] for a in order], dtype=plan.out_dtype).permute(inverse), *sides]
 
 
+# Where each run-time parameter's value comes from (KernelPlan.args entries, by kind):
+# (spec, input strides, input shapes, frame, output strides, row-value tensors) → value.
+ARG_SOURCES = {
+    "stride": lambda spec, inputs, strides, shapes, frame, out_strides, sides: strides[spec[1]][spec[2]],
+    "ptr": lambda spec, inputs, strides, shapes, frame, out_strides, sides: inputs[spec[1]],
+    "size": lambda spec, inputs, strides, shapes, frame, out_strides, sides: shapes[spec[1]][spec[2]],
+    "frame": lambda spec, inputs, strides, shapes, frame, out_strides, sides: frame[spec[1]],
+    "out_stride": lambda spec, inputs, strides, shapes, frame, out_strides, sides: out_strides[spec[1]],
+    "side": lambda spec, inputs, strides, shapes, frame, out_strides, sides: sides[spec[1]],
+}
+TENSOR_KINDS = ("ptr", "side")  # the parameters a bound launch fills in at each call
+
+
 def _kernel_args(specs, inputs, frame, out, sides) -> list:
     """The run-time parameters named by ``plan.args`` (see KernelPlan), in order; each input's
     strides and shape read once."""
     strides = [t.stride() for t in inputs]
     shapes = [t.shape for t in inputs]
     out_strides = out.stride()
-    values = []
-    for spec in specs:
-        kind = spec[0]
-        if kind == "stride":
-            values.append(strides[spec[1]][spec[2]])
-        elif kind == "ptr":
-            values.append(inputs[spec[1]])
-        elif kind == "size":
-            values.append(shapes[spec[1]][spec[2]])
-        elif kind == "frame":
-            values.append(frame[spec[1]])
-        elif kind == "out_stride":
-            values.append(out_strides[spec[1]])
-        elif kind == "side":
-            values.append(sides[spec[1]])
+    return [ARG_SOURCES[spec[0]](spec, inputs, strides, shapes, frame, out_strides, sides) for spec in specs]
+
+
+class BoundLaunch:
+    """One compiled kernel with its grid and every argument that does not change between calls
+    of one layout; ``launch`` fills in the tensors and calls Triton's launcher directly."""
+
+    def __init__(self, runner, template: list, slots: list):
+        self.runner = runner        # the compiled kernel indexed by its grid
+        self.template = template    # all kernel arguments in order, tensors left as None
+        self.slots = slots          # (position, kind, index) of each tensor argument
+
+    def launch(self, out, inputs, sides) -> None:
+        args = list(self.template)
+        args[0] = out
+        for position, kind, i in self.slots:
+            args[position] = inputs[i] if kind == "ptr" else sides[i]
+        self.runner(*args)
+
+
+class Launcher:
+    """Launches one generated kernel.
+
+    The first launch of a layout goes through Triton's JIT entry point, which specializes the
+    arguments (integers equal to 1 or divisible by 16, pointers aligned to 16 bytes), compiles
+    if needed, and returns the compiled kernel; the tile comes from ``tile_for``. What those
+    steps read is the layout key: the region's sizes, each input's shape, strides, dtype and
+    device, every pointer's 16-byte alignment, the current CUDA device and ``tuning.state()``.
+    The launch is remembered under it (``BoundLaunch``), and later calls with the same key
+    skip the JIT's per-call work. Nothing is bound in the interpreter, while a tile is pinned,
+    or while a CUDA graph is captured with the tile not yet chosen."""
+
+    CAPACITY = 64  # layouts remembered per kernel (dynamic sizes make new ones); then start over
+
+    def __init__(self, plan: KernelPlan, kernel):
+        self.plan = plan
+        self.kernel = kernel
+        self.bound: dict = {}
+
+    def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list) -> list:
+        """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
+        ``frame`` = [*batch, M, N], ``out_shapes`` the shapes of the result and of the row
+        values stored beside it. Returns [result, *row values]."""
+        out, *sides = empty_results(self.plan, out_shapes, inputs[0])
+        key = self.layout_key(inputs, sizes, out, sides)
+        bound = self.bound.get(key) if key is not None else None
+        if bound is not None:
+            bound.launch(out, inputs, sides)
         else:
-            raise ValueError(spec)
-    return values
+            self.first_launch(key, inputs, frame, out, sides)
+        return [out, *sides]
 
+    @staticmethod
+    def binds(like: torch.Tensor) -> bool:
+        """Are launches on ``like``'s device remembered now?"""
+        return tuning.pinned_tile() is None and not interpreting() and like.device.type == "cuda"
 
-def launch(plan: KernelPlan, kernel, inputs: list, frame: list, out_shapes: list) -> list:
-    """Run the kernel; ``frame`` = [*batch, M, N] sizes, ``out_shapes`` the shapes of the
-    result and of the row values stored beside it. Returns [result, *row values]."""
-    out, *sides = empty_results(plan, out_shapes, inputs[0])
-    batch = math.prod(frame[:-2])
-    args = _kernel_args(plan.args, inputs, frame, out, sides)
-    dims = block_dims_of(plan)
+    def layout_key(self, inputs, sizes, out, sides):
+        if not self.binds(inputs[0]):
+            return None
+        return (tuning.state(), torch.cuda.current_device(), tuple(sizes),
+                tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
+                tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
-    def run(tile):
-        bm, bn, warps, stages = tile
-        grid = (triton.cdiv(frame[-2], bm) * batch,)
-        with _launching():
-            kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    def first_launch(self, key, inputs, frame, out, sides) -> None:
+        plan, kernel = self.plan, self.kernel
+        batch = math.prod(frame[:-2])
+        args = _kernel_args(plan.args, inputs, frame, out, sides)
+        dims = block_dims_of(plan)
+        launched = {}
 
-    run(tile_for(plan, inputs, frame, run))
-    return [out, *sides]
+        def run(tile):
+            bm, bn, warps, stages = tile
+            grid = (triton.cdiv(frame[-2], bm) * batch,)
+            with _launching():
+                launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                               num_stages=stages), grid)
+
+        tile = tile_for(plan, inputs, frame, run)
+        run(tile)
+        if key is not None and not torch.cuda.is_current_stream_capturing():
+            bound = self.bind(*launched[tile], args, {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
+            if bound is not None:
+                if len(self.bound) >= self.CAPACITY:
+                    self.bound.clear()
+                self.bound[key] = bound
+
+    def bind(self, compiled, grid, args: list, constexprs: dict) -> BoundLaunch | None:
+        """The launch just made, as a BoundLaunch; None where Triton's objects do not have the
+        expected form (then every launch goes through the JIT)."""
+        names = getattr(self.kernel, "arg_names", None)
+        runtime = 1 + len(args)  # out_ptr, then plan.args
+        if (not hasattr(compiled, "__getitem__") or names is None
+                or sorted(names[runtime:]) != sorted(constexprs)):
+            return None
+        slots = [(1 + j, spec[0], spec[1]) for j, spec in enumerate(self.plan.args) if spec[0] in TENSOR_KINDS]
+        template = [None, *args, *(constexprs[name] for name in names[runtime:])]
+        for position, _, _ in slots:
+            template[position] = None  # hold no tensor of this call
+        return BoundLaunch(compiled[grid], template, slots)

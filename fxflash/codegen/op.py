@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from .emit import KernelPlan
-from .launch import empty_results, launch
+from .launch import Launcher, empty_results
 
 
 @dataclasses.dataclass
@@ -30,6 +30,10 @@ class RegisteredRegion:
     reference: fx.GraphModule  # (inputs, extras) → the region's outputs: the replaced ops
     out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
+    launcher: Launcher = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.launcher = Launcher(self.plan, self.kernel)
 
     def split(self, sizes):
         """(frame sizes, [shape of each output], extra integer sizes) from ``sizes``."""
@@ -50,7 +54,7 @@ class RegisteredRegion:
             # nothing to tile (eager's semantics for empty sums), or sizes so large that the
             # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
             return list(self.reference(*inputs, *self.extras(sizes, scalars)))
-        return launch(self.plan, self.kernel, inputs, frame, shapes)
+        return self.launcher(inputs, sizes, frame, shapes)
 
 
 _REGISTRY: dict[str, RegisteredRegion] = {}

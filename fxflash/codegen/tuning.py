@@ -53,6 +53,7 @@ _lock = threading.Lock()
 _chosen: dict[str, Tile] = {}     # key → configuration, this process
 _disk: dict | None = None         # tuning.json's entries, read once
 _pinned: list[Tile] = []          # configurations forced by pinned() (benchmark sweeps)
+_epoch = 0                        # bumped by forget(): what was decided before is stale
 history: list[dict] = []          # one record per tuning or disk hit, for reports and benchmarks
 
 
@@ -148,6 +149,12 @@ def pinned_tile() -> Tile | None:
     return _pinned[-1] if _pinned else None
 
 
+def state() -> tuple:
+    """What a remembered choice depends on besides its key: ``forget()`` calls so far and
+    whether tuning is on (launch.Launcher keys its bound launches on it)."""
+    return (_epoch, config.autotune)
+
+
 def bench_ms(run: Callable[[], None]) -> float:
     return triton.testing.do_bench(run, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
 
@@ -238,10 +245,11 @@ def chosen() -> dict[str, Tile]:
 def forget(disk: bool = False) -> None:
     """Drop this process's choices (and with ``disk``, tuning.json): the next launch reads the
     file again (or tunes again). For tests and benchmarks that measure a cold start."""
-    global _disk
+    global _disk, _epoch
     with _lock:
         _chosen.clear()
         _disk = None
+        _epoch += 1
         if disk:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tuning_file())

@@ -1,0 +1,135 @@
+"""Bound launches (launch.Launcher): the second launch of a layout calls the compiled kernel
+directly with exactly the arguments Triton's JIT entry point got, and anything the JIT
+specializes on sends the launch back through it.
+
+Triton's interpreter returns no compiled kernel, so these tests stand a recording stub in for
+the JIT function and its compiled kernel, and treat the CPU as a device whose launches are
+bound; tests/test_gpu.py checks bound launches on real kernels.
+"""
+import math
+
+import pytest
+import torch
+
+import fxflash
+from fxflash.capture import exact_key, signature_of
+from fxflash.codegen import launch, op, tuning
+from fxflash.variants import VARIANTS, Shape
+
+
+class RecordingKernel:
+    """Stands in for a ``@triton.jit`` function: ``kernel[grid](*args, **kw)`` records a JIT
+    launch and returns a compiled kernel whose ``[grid](*args)`` records a bound launch."""
+
+    def __init__(self, arg_names):
+        self.arg_names = arg_names
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def jit_launch(*args, **kwargs):
+            self.calls.append(("jit", grid, args, kwargs))
+            return self.Compiled(self.calls)
+        return jit_launch
+
+    class Compiled:
+        def __init__(self, calls):
+            self.calls = calls
+
+        def __getitem__(self, grid):
+            return lambda *args: self.calls.append(("bound", grid, args, {}))
+
+
+def record_launches() -> RecordingKernel:
+    """Stand a recording kernel in for the newest fused region's kernel."""
+    entry = list(op._REGISTRY.values())[-1]
+    kernel = RecordingKernel(entry.kernel.arg_names)
+    entry.launcher = launch.Launcher(entry.plan, kernel)
+    return kernel
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """(optimized vanilla, its inputs, the recording kernel) with launches bound on the CPU."""
+    monkeypatch.setattr(launch.Launcher, "binds", staticmethod(lambda like: tuning.pinned_tile() is None))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    variant = VARIANTS["vanilla"]
+    args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=20, N=24, D=16, Dv=16), torch.float32, "cpu")
+    fast = fxflash.optimize(variant.fn)
+    fast(*args)  # capture, compile and run it once for real
+    return fast, args, record_launches()
+
+
+def kinds(kernel):
+    return [call[0] for call in kernel.calls]
+
+
+def test_second_launch_of_a_layout_is_bound_with_the_jits_arguments(recorded):
+    fast, args, kernel = recorded
+    out1, out2 = fast(*args), fast(*args)
+    assert kinds(kernel) == ["jit", "bound"]
+    (_, grid1, jit_args, jit_kwargs), (_, grid2, bound_args, _) = kernel.calls
+    assert grid1 == grid2
+    constexprs = {k: v for k, v in jit_kwargs.items() if k not in ("num_warps", "num_stages")}
+    names = kernel.arg_names
+    assert len(bound_args) == len(names) == len(jit_args) + len(constexprs)
+    assert bound_args[0] is out2 and jit_args[0] is out1
+    for name, jit_value, bound_value in zip(names[1:], jit_args[1:], bound_args[1:]):
+        if isinstance(jit_value, torch.Tensor):
+            # the bound launch reads this call's tensor, the one at the same place in the call
+            assert isinstance(bound_value, torch.Tensor) and bound_value.shape == jit_value.shape, name
+            assert any(bound_value is a for a in args), name
+        else:
+            assert bound_value == jit_value, name
+    assert [bound_args[names.index(k)] for k in constexprs] == list(constexprs.values())
+
+
+def test_what_the_jit_specializes_on_is_launched_through_it(recorded):
+    fast, (q, k, v), kernel = recorded
+    fast(q, k, v)
+    # a pointer not aligned to 16 bytes: one float past an aligned start
+    shifted = torch.empty(q.numel() + 1).as_strided(q.shape, q.stride(), 1).copy_(q)
+    assert shifted.data_ptr() % 16 != 0
+    fast(shifted, k, v)
+    fast(shifted, k, v)
+    assert kinds(kernel) == ["jit", "jit", "bound"]
+
+
+def test_other_strides_of_one_stride_class_launch_through_the_jit(recorded):
+    fast, (q, k, v), _ = recorded
+
+    def padded(t, pad):  # the same stride class (row-major, not contiguous), other strides
+        return torch.zeros(*t.shape[:-1], t.shape[-1] + pad)[..., :t.shape[-1]].copy_(t)
+
+    fast(padded(q, 4), k, v)  # a new signature: captured, then recorded
+    kernel = record_launches()
+    for pad in (4, 4, 8, 8, 4):
+        fast(padded(q, pad), k, v)
+    assert kinds(kernel) == ["jit", "bound", "jit", "bound", "bound"]
+
+
+def test_pinned_tiles_and_forgotten_choices_launch_through_the_jit(recorded):
+    fast, args, kernel = recorded
+    fast(*args)
+    with tuning.pinned((32, 16, 4, 1)):
+        fast(*args)
+        fast(*args)
+    fast(*args)
+    tuning.forget()
+    fast(*args)
+    fast(*args)
+    assert kinds(kernel) == ["jit", "jit", "jit", "bound", "jit", "bound"]
+    assert kernel.calls[1][3]["BLOCK_M"] == 32
+
+
+def test_exact_key_stands_for_the_signature():
+    x = torch.randn(3, 4)
+    same = [(x, 0.5), (x.clone(), 0.5)]
+    assert exact_key(same[0], {}) == exact_key(same[1], {})
+    assert signature_of(same[0], {}) == signature_of(same[1], {})
+    distinct = [(x, 0.5), (x, -0.0), (x, 0.0), (x, 1), (x, True), (x.t(), 0.5), (x.half(), 0.5),
+                (x.requires_grad_(False)[:, :2], 0.5)]
+    assert len({exact_key(a, {}) for a in distinct}) == len(distinct)
+    assert len({signature_of(a, {}) for a in distinct}) == len(distinct)
+    assert exact_key((x, math.nan), {}) == exact_key((x, math.nan), {})
+    assert exact_key(([x],), {}) is None and exact_key((x,), {"scale": 0.5}) is None
