@@ -177,4 +177,4 @@ class Launcher:
         template = [None, *args, *(constexprs[name] for name in names[runtime:])]
         for position, _, _ in slots:
             template[position] = None  # hold no tensor of this call
-        return BoundLaunch(compiled[grid], template, slots)
+        return BoundLaunch(compiled[(*grid, 1, 1)[:3]], template, slots)  # its launcher reads three axes
