@@ -4,7 +4,8 @@
 
 The problem is tiny (B=1, 16 heads, 128 tokens), so the GPU finishes each kernel long before
 the host issues the next: wall time over calls is the host time per call. Prints it for the
-optimized call and eager, then the top of a cProfile of the optimized calls.
+optimized call (with and without bound launches: launch.Launcher) and eager, then the top of a
+cProfile of the optimized calls.
 """
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def main():
     fn, args = case(opts.variant, 1, 16, 2 if opts.gqa else 16, 128, 64, "cuda", torch.bfloat16)[:2]
     fast = fxflash.optimize(fn)
     label = opts.variant + (" (GQA)" if opts.gqa else "")
-    print(f"{label}: fxflash {per_call_us(fast, args, opts.calls):.1f} us/call, "
+    fxflash.config.bind_launches = False
+    unbound = per_call_us(fast, args, opts.calls)
+    fxflash.config.bind_launches = True
+    print(f"{label}: fxflash {per_call_us(fast, args, opts.calls):.1f} us/call "
+          f"({unbound:.1f} with every launch through Triton's JIT, config.bind_launches off), "
           f"eager {per_call_us(fn, args, opts.calls):.1f} us/call", flush=True)
     profile = cProfile.Profile()
     profile.enable()

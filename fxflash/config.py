@@ -45,6 +45,10 @@ class Config:
     exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
                      fused multiply-add per score, rules.Homomorphism); ``FXFLASH_EXP2_FMA=0``
                      keeps ``tl.exp`` (for A/B measurements).
+    bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
+                     kernel directly, skipping the JIT entry point's per-call work
+                     (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
+                     the JIT (for A/B measurements, or a Triton whose launcher differs).
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
@@ -56,6 +60,7 @@ class Config:
     fold_scale: bool = os.environ.get("FXFLASH_FOLD_SCALE", "1") != "0"
     heavy_rows_first: bool = os.environ.get("FXFLASH_HEAVY_ROWS_FIRST", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
+    bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )

@@ -9,7 +9,7 @@ import threading
 import torch
 import triton
 
-from ..config import interpreting
+from ..config import config, interpreting
 from . import tuning
 from .emit import KernelPlan, block_dims_of
 
@@ -107,8 +107,9 @@ class Launcher:
     steps read is the layout key: the region's sizes, each input's shape, strides, dtype and
     device, every pointer's 16-byte alignment, the current CUDA device and ``tuning.state()``.
     The launch is remembered under it (``BoundLaunch``), and later calls with the same key
-    skip the JIT's per-call work. Nothing is bound in the interpreter, while a tile is pinned,
-    or while a CUDA graph is captured with the tile not yet chosen."""
+    skip the JIT's per-call work. Nothing is bound with ``config.bind_launches`` off, in the
+    interpreter, while a tile is pinned, or while a CUDA graph is captured with the tile not
+    yet chosen."""
 
     CAPACITY = 64  # layouts remembered per kernel (dynamic sizes make new ones); then start over
 
@@ -133,7 +134,8 @@ class Launcher:
     @staticmethod
     def binds(like: torch.Tensor) -> bool:
         """Are launches on ``like``'s device remembered now?"""
-        return tuning.pinned_tile() is None and not interpreting() and like.device.type == "cuda"
+        return (config.bind_launches and tuning.pinned_tile() is None and not interpreting()
+                and like.device.type == "cuda")
 
     def layout_key(self, inputs, sizes, out, sides):
         if not self.binds(inputs[0]):
