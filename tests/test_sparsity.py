@@ -122,3 +122,36 @@ def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, n
     _, visited = _run(documents, args, False)
     torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
     assert_accurate(documents, args, skipped)
+
+
+def test_per_batch_document_ids_skip_tiles_from_their_own_summaries():
+    """Ids ``[B, N]`` (one packing per batch row): each program classifies key tiles by the
+    summaries of its own batch row."""
+    def documents(q, k, v, ids):
+        same = ids[:, None, :, None] == ids[:, None, None, :]
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        return torch.softmax(s.masked_fill(~same, float("-inf")), dim=-1) @ v
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.randint(0, 3, (45,), generator=g).sort()[0], torch.arange(45) // 20])
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=45, N=45, D=8, Dv=8))
+    report, skipped = _run(documents, (q, k, v, ids), True)
+    assert report.regions[0].fused and SCAN in report.regions[0].source and "sum0_s1" in report.regions[0].source
+    _, visited = _run(documents, (q, k, v, ids), False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(documents, (q, k, v, ids), skipped)
+
+
+@pytest.mark.parametrize("shape,axis,block", [((45,), 0, 16), ((3, 32), 1, 16), ((5, 7, 2), 1, 4), ((1,), 0, 8)])
+def test_min_max_per_tile(shape, axis, block):
+    from fxflash.codegen.launch import min_max_per_tile
+
+    t = torch.randint(-50, 50, shape, generator=torch.Generator().manual_seed(0))
+    lo, hi = min_max_per_tile(t, axis, block)
+    for tile, start in enumerate(range(0, shape[axis], block)):
+        part = t.narrow(axis, start, min(block, shape[axis] - start))
+        assert torch.equal(lo.select(axis, tile), part.amin(axis))
+        assert torch.equal(hi.select(axis, tile), part.amax(axis))
+    assert lo.shape[axis] == hi.shape[axis] == -(-shape[axis] // block)
+    broadcast = t.unsqueeze(0).expand(3, *shape)  # stride 0: every copy summarized alike
+    assert torch.equal(min_max_per_tile(broadcast, axis + 1, block)[0], lo.unsqueeze(0).expand(3, *lo.shape))

@@ -35,6 +35,7 @@ from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
 DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
+KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 
 
 @dataclasses.dataclass
@@ -58,6 +59,8 @@ class KernelPlan:
     partner_dims: tuple = ()  # head dims of further score contractions
     out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
                                     # (None: contiguous, stored without strides)
+    summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
+                             # that axis the launch computes for its BLOCK_N ("summary" args)
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -118,6 +121,7 @@ class _Printer:
         self.params: list[str] = []
         self.args: list = []
         self.inputs: list = []
+        self.summaries: list = []  # (input, axis) summarized per key tile (KernelPlan.summaries)
         self.memo: dict = {}
         self.vars: dict = {}
         self.counter = 0
@@ -307,6 +311,23 @@ class _Printer:
         terms = [f"({e}).to(tl.int64) * in{i}_s{axis}" if e.startswith("fb") else f"({e}) * in{i}_s{axis}"
                  for axis, e in enumerate(idx) if e is not None]
         return ptr, " + ".join(terms) if terms else "0"
+
+    def summary_address(self, node: fx.Node, axis: int, idx: tuple, tiles: str) -> tuple[str, str, str]:
+        """(min pointer, max pointer, offset) of the per-key-tile minimum and maximum of the
+        integer input ``node`` along its ``axis`` (``KernelPlan.summaries``), at ``idx`` with
+        that axis indexed by the key-tile indices ``tiles``."""
+        key = (self.tensor_input(node), axis)
+        if key not in self.summaries:
+            self.summaries.append(key)
+            j = len(self.summaries) - 1
+            self.param(f"sum{j}_lo", ("summary", j, 0))
+            self.param(f"sum{j}_hi", ("summary", j, 1))
+            for a in range(node.meta["val"].dim()):
+                self.param(f"sum{j}_s{a}", ("summary_stride", j, a))
+        j = self.summaries.index(key)
+        terms = [f"({tiles if a == axis else e}).to(tl.int64) * sum{j}_s{a}"
+                 for a, e in enumerate(idx) if e is not None]
+        return f"sum{j}_lo", f"sum{j}_hi", " + ".join(terms)
 
     def index_expr(self, node: fx.Node, idx: tuple) -> Value:
         """Print an index expression evaluated at tile indices ``idx`` (one per axis)."""
@@ -540,7 +561,8 @@ class _Printer:
                           index_bound=self.index_bound,
                           side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
                           partner_dims=tuple(p.d for p in r.partners),
-                          out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None)
+                          out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
+                          summaries=tuple(self.summaries))
 
     def partner_scores(self, j: int, partner, precision: str) -> None:
         """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
@@ -736,7 +758,8 @@ class _Printer:
 
     def tile_range(self) -> list[str]:
         """Lines that classify this row tile's key tiles, SCAN of them at a time (vectors: no
-        scalar loop over tiles, one load per chunk for a tensor summarized per tile), into
+        scalar loop over tiles; a tensor summarized per tile is one load of its per-tile
+        minimum and maximum per chunk, KernelPlan.summaries), into
         ``[lo_t, hi_t)``, the tiles to visit (leading and trailing tiles that a tile mask
         empties are skipped), and (with ``config.full_tiles``) ``[f_lo, f_hi)`` inside it, a run
         of whole tiles where every
@@ -747,14 +770,14 @@ class _Printer:
         if tests is None:
             return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
         lines, empty, full = tests
-        row_part, key_part = _split_invariant(lines, ("n_lo", "n_hi"))
+        row_part, key_part = _split_invariant(lines, ("n_lo", "n_hi", KEY_TILES))
         self.full_proved = full is not None
         out = ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part,
                "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)", "lo_t = n_tiles", "hi_t = n_tiles * 0",
                *(["f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0"] if self.full_proved else []),
                f"for c0 in range(0, n_tiles, {self.scan}):",
-               f"    t = c0 + tl.arange(0, {self.scan})",
-               "    n_lo = t * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
+               f"    {KEY_TILES} = c0 + tl.arange(0, {self.scan})",
+               f"    n_lo = {KEY_TILES} * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
         out += ["    " + line for line in key_part]
         out += [f"    live = (t < n_tiles) & ~({empty})",
                 "    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, t, n_tiles), 0))",
@@ -780,7 +803,7 @@ class _Printer:
 
         ranges = {ROW: ("m_lo", "m_hi"), COL: ("n_lo", "n_hi")}
         ranges.update({f"fb{i}": (f"fb{i}", f"fb{i}") for i in range(len(self.frame_shape) - 2)})
-        ip = IntervalPrinter(self, ranges)
+        ip = IntervalPrinter(self, ranges, KEY_TILES)
         # each stream reads the masks at its own batch indices and all share the key loop: a
         # tile is empty when every stream has a mask that empties it, full when no mask of
         # any stream masks a score of it
@@ -807,9 +830,8 @@ class _Printer:
         if not empty:
             return None
         self.skips_tiles = True
-        # a chunk of per-tile summaries loads [SCAN, BLOCK_N] values: fewer tiles per chunk; the
-        # interpreter's test shapes have few tiles: small chunks so that they take several
-        self.scan = 4 if interpreting() else 32 if ip.summarized else 128
+        # the interpreter's test shapes have few tiles: small chunks so that they take several
+        self.scan = 4 if interpreting() else 128
         return ip.lines, " & ".join(empty), " & ".join(full) if complete and config.full_tiles else None
 
     def full_tile_loop(self) -> list | None:

@@ -10,9 +10,11 @@ The key range ``[n_lo, n_hi]`` may be vectors (one entry per key tile: codegen c
 chunk of tiles at once); every rule is elementwise, so the same code serves both.
 
 An integer tensor read along one tile axis (document ids ``ids[n]``) gets the exact interval
-``[min, max]`` of its values over the tile's index range: a per-tile summary computed on the
-fly (one ``[tiles, BLOCK_N]`` load per chunk of key tiles), so ``ids[:, None] == ids[None, :]``
-is false on a whole tile when the query tile's ids and the key tile's ids do not overlap.
+``[min, max]`` of its values over the tile's index range: for the query tile, loaded and
+reduced in the kernel; for key tiles, a per-tile summary the launch computes once for all
+programs (``launch.min_max_per_tile``; one load per chunk of key tiles), so
+``ids[:, None] == ids[None, :]`` is false on a whole tile when the query tile's ids and the key
+tile's ids do not overlap.
 """
 from __future__ import annotations
 
@@ -59,12 +61,12 @@ def _bool(must, may):
 class IntervalPrinter:
     """Prints the interval of an index expression at tile index expressions ``idx``."""
 
-    def __init__(self, printer, index_ranges: dict):
+    def __init__(self, printer, index_ranges: dict, key_tiles: str):
         self.p = printer
         self.ranges = dict(index_ranges)  # index string → (lo, hi) code
+        self.key_tiles = key_tiles        # the key tiles' indices (a vector), for their summaries
         self.lines: list[str] = []
         self.count = 0
-        self.summarized = False  # a tensor is summarized per tile (its values loaded)
 
     def bind(self, code: str) -> str:
         self.count += 1
@@ -156,19 +158,20 @@ class IntervalPrinter:
                                       for e in idx):
             raise NoInterval(f"{node.name}: read along more than one tile axis")
         (axis, e), = tile_axes
-        self.summarized = True
+        big = "9223372036854775807"
         if e == "rm":   # the one query tile: a vector of its rows
             offs = self.bind("m_lo + tl.arange(0, BLOCK_M)")
-            inside, axis_of_tile = f"{offs} <= m_hi", 0
-        else:           # key tiles, a vector of them at a time: [tiles, BLOCK_N]
-            offs = self.bind("n_lo[:, None] + tl.arange(0, BLOCK_N)[None, :]")
-            inside, axis_of_tile = f"{offs} <= n_hi[:, None]", 1
-        ptr, offset = self.p.input_address(node, tuple("OFFS" if x == e else x for x in idx))
-        values = self.bind(f"tl.load({ptr} + {offset.replace('OFFS', offs)}, mask={inside}, other=0)"
-                           f".to(tl.int64)")
-        big = "9223372036854775807"
-        return _int(self.bind(f"tl.min(tl.where({inside}, {values}, {big}), {axis_of_tile})"),
-                    self.bind(f"tl.max(tl.where({inside}, {values}, -{big}), {axis_of_tile})"))
+            inside = f"{offs} <= m_hi"
+            ptr, offset = self.p.input_address(node, tuple("OFFS" if x == e else x for x in idx))
+            values = self.bind(f"tl.load({ptr} + {offset.replace('OFFS', offs)}, mask={inside}, other=0)"
+                               f".to(tl.int64)")
+            return _int(self.bind(f"tl.min(tl.where({inside}, {values}, {big}), 0)"),
+                        self.bind(f"tl.max(tl.where({inside}, {values}, -{big}), 0)"))
+        # key tiles, a vector of them at a time: their min and max, computed once per launch
+        lo, hi, offset = self.p.summary_address(node, axis, idx, self.key_tiles)
+        inside = f"{self.key_tiles} < n_tiles"
+        return _int(self.bind(f"tl.load({lo} + {offset}, mask={inside}, other=0).to(tl.int64)"),
+                    self.bind(f"tl.load({hi} + {offset}, mask={inside}, other=0).to(tl.int64)"))
 
 
 def _is_tensor(arg) -> bool:

@@ -59,42 +59,70 @@ def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
     return [like.new_empty([shapes[0][a] for a in order], dtype=plan.out_dtype).permute(inverse), *sides]
 
 
-# Where each run-time parameter's value comes from (KernelPlan.args entries, by kind):
-# (spec, input strides, input shapes, frame, output strides, row-value tensors) → value.
+def min_max_per_tile(t: torch.Tensor, axis: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The minimum and maximum of ``t`` over each run of ``block`` entries along ``axis`` (the
+    last run may be shorter): two tensors of ``t``'s shape with that axis ``cdiv(n, block)``
+    long. The last run is padded with copies of its last entry, which change neither."""
+    n = t.shape[axis]
+    short = (-n) % block
+    if short:
+        pad = t.narrow(axis, n - 1, 1).expand(*(short if a == axis else s for a, s in enumerate(t.shape)))
+        t = torch.cat([t, pad], axis)
+    return t.unflatten(axis, (-1, block)).aminmax(dim=axis + 1)
+
+
+def tile_summaries(plan: KernelPlan, inputs: list, block_n: int) -> list:
+    """``(min, max)`` per key tile of each input in ``plan.summaries`` for this launch's tiles."""
+    return [min_max_per_tile(inputs[i], axis, block_n) for i, axis in plan.summaries]
+
+
+class LaunchValues:
+    """What the run-time parameters of one launch are read from."""
+
+    def __init__(self, inputs, frame, out, sides, summaries):
+        self.inputs, self.frame, self.sides, self.summaries = inputs, frame, sides, summaries
+        self.strides = [t.stride() for t in inputs]
+        self.shapes = [t.shape for t in inputs]
+        self.out_strides = out.stride()
+
+
+# Where each run-time parameter's value comes from (KernelPlan.args entries, by kind).
 ARG_SOURCES = {
-    "stride": lambda spec, inputs, strides, shapes, frame, out_strides, sides: strides[spec[1]][spec[2]],
-    "ptr": lambda spec, inputs, strides, shapes, frame, out_strides, sides: inputs[spec[1]],
-    "size": lambda spec, inputs, strides, shapes, frame, out_strides, sides: shapes[spec[1]][spec[2]],
-    "frame": lambda spec, inputs, strides, shapes, frame, out_strides, sides: frame[spec[1]],
-    "out_stride": lambda spec, inputs, strides, shapes, frame, out_strides, sides: out_strides[spec[1]],
-    "side": lambda spec, inputs, strides, shapes, frame, out_strides, sides: sides[spec[1]],
+    "stride": lambda spec, v: v.strides[spec[1]][spec[2]],
+    "ptr": lambda spec, v: v.inputs[spec[1]],
+    "size": lambda spec, v: v.shapes[spec[1]][spec[2]],
+    "frame": lambda spec, v: v.frame[spec[1]],
+    "out_stride": lambda spec, v: v.out_strides[spec[1]],
+    "side": lambda spec, v: v.sides[spec[1]],
+    "summary": lambda spec, v: v.summaries[spec[1]][spec[2]],
+    "summary_stride": lambda spec, v: v.summaries[spec[1]][0].stride(spec[2]),
 }
-TENSOR_KINDS = ("ptr", "side")  # the parameters a bound launch fills in at each call
+TENSOR_KINDS = ("ptr", "side", "summary")  # the parameters a bound launch fills in at each call
 
 
-def _kernel_args(specs, inputs, frame, out, sides) -> list:
-    """The run-time parameters named by ``plan.args`` (see KernelPlan), in order; each input's
-    strides and shape read once."""
-    strides = [t.stride() for t in inputs]
-    shapes = [t.shape for t in inputs]
-    out_strides = out.stride()
-    return [ARG_SOURCES[spec[0]](spec, inputs, strides, shapes, frame, out_strides, sides) for spec in specs]
+def _kernel_args(specs, values: LaunchValues) -> list:
+    """The run-time parameters named by ``plan.args`` (see KernelPlan), in order."""
+    return [ARG_SOURCES[spec[0]](spec, values) for spec in specs]
 
 
 class BoundLaunch:
     """One compiled kernel with its grid and every argument that does not change between calls
-    of one layout; ``launch`` fills in the tensors and calls Triton's launcher directly."""
+    of one layout; ``launch`` computes the tile summaries, fills in the tensors and calls
+    Triton's launcher directly."""
 
-    def __init__(self, runner, template: list, slots: list):
+    def __init__(self, runner, template: list, slots: list, plan: KernelPlan, block_n: int):
         self.runner = runner        # the compiled kernel indexed by its grid
         self.template = template    # all kernel arguments in order, tensors left as None
-        self.slots = slots          # (position, kind, index) of each tensor argument
+        self.slots = slots          # (position, spec) of each tensor argument
+        self.plan, self.block_n = plan, block_n
 
     def launch(self, out, inputs, sides) -> None:
+        summaries = tile_summaries(self.plan, inputs, self.block_n) if self.plan.summaries else ()
         args = list(self.template)
         args[0] = out
-        for position, kind, i in self.slots:
-            args[position] = inputs[i] if kind == "ptr" else sides[i]
+        for position, spec in self.slots:
+            kind, i = spec[0], spec[1]
+            args[position] = inputs[i] if kind == "ptr" else sides[i] if kind == "side" else summaries[i][spec[2]]
         self.runner(*args)
 
 
@@ -105,7 +133,8 @@ class Launcher:
     arguments (integers equal to 1 or divisible by 16, pointers aligned to 16 bytes), compiles
     if needed, and returns the compiled kernel; the tile comes from ``tile_for``. What those
     steps read is the layout key: the region's sizes, each input's shape, strides, dtype and
-    device, every pointer's 16-byte alignment, the current CUDA device and ``tuning.state()``.
+    device, every pointer's 16-byte alignment, the current CUDA device and ``tuning.state()``
+    (tile summaries, computed at each launch, come from PyTorch's caching allocator: aligned).
     The launch is remembered under it (``BoundLaunch``), and later calls with the same key
     skip the JIT's per-call work. Nothing is bound with ``config.bind_launches`` off, in the
     interpreter, while a tile is pinned, or while a CUDA graph is captured with the tile not
@@ -147,21 +176,21 @@ class Launcher:
     def first_launch(self, key, inputs, frame, out, sides) -> None:
         plan, kernel = self.plan, self.kernel
         batch = math.prod(frame[:-2])
-        args = _kernel_args(plan.args, inputs, frame, out, sides)
         dims = block_dims_of(plan)
         launched = {}
 
         def run(tile):
             bm, bn, warps, stages = tile
             grid = (triton.cdiv(frame[-2], bm) * batch,)
+            args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides, tile_summaries(plan, inputs, bn)))
             with _launching():
                 launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                               num_stages=stages), grid)
+                                               num_stages=stages), grid, args)
 
         tile = tile_for(plan, inputs, frame, run)
         run(tile)
         if key is not None and not torch.cuda.is_current_stream_capturing():
-            bound = self.bind(*launched[tile], args, {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
+            bound = self.bind(*launched[tile], {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
             if bound is not None:
                 if len(self.bound) >= self.CAPACITY:
                     self.bound.clear()
@@ -175,8 +204,9 @@ class Launcher:
         if (not hasattr(compiled, "__getitem__") or names is None
                 or sorted(names[runtime:]) != sorted(constexprs)):
             return None
-        slots = [(1 + j, spec[0], spec[1]) for j, spec in enumerate(self.plan.args) if spec[0] in TENSOR_KINDS]
+        slots = [(1 + j, spec) for j, spec in enumerate(self.plan.args) if spec[0] in TENSOR_KINDS]
         template = [None, *args, *(constexprs[name] for name in names[runtime:])]
-        for position, _, _ in slots:
+        for position, _ in slots:
             template[position] = None  # hold no tensor of this call
-        return BoundLaunch(compiled[(*grid, 1, 1)[:3]], template, slots)  # its launcher reads three axes
+        # Triton's launcher reads three grid axes
+        return BoundLaunch(compiled[(*grid, 1, 1)[:3]], template, slots, self.plan, constexprs["BLOCK_N"])
