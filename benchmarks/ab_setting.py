@@ -4,10 +4,13 @@
         --variants vanilla alibi causal --seqlens 1024 4096 16384 [--out CSV]
 
 For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch × seqlen = 16k
-tokens) fxflash is compiled twice, with the ``fxflash.config`` settings all False (A) and all
-True (B), each autotuned as usual; then A and B are timed alternately ``--rounds`` times
+tokens; for ``beyond``-suite variants, that suite's configs of head dim ``--head-dim`` at
+``--seqlens``, the Evoformer's at its own sizes) fxflash is compiled twice, with the
+``fxflash.config`` settings all False (A) and all True (B), each autotuned as usual; then A
+and B are timed alternately ``--rounds`` times
 (``triton.testing.do_bench`` medians) and the median of each side is reported with B/A
-(below 1: the setting helps). Both outputs are checked against FlexAttention.
+(below 1: the setting helps). Both outputs are checked against FlexAttention (softmax suite)
+or eager (beyond suite).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import case, check, flex_api, warm_up_gpu  # noqa: E402
+from bench_attention import SUITES, beyond_cases, case, check, flex_api, warm_up_gpu  # noqa: E402
 
 import fxflash  # noqa: E402
 
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--setting", nargs="+", required=True, help="boolean fields of fxflash.config")
     parser.add_argument("--variants", nargs="+", default=["vanilla"])
     parser.add_argument("--seqlens", nargs="+", type=int, default=[4096])
+    parser.add_argument("--head-dim", type=int, default=64, help="beyond suite: the configs of this head dim")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
@@ -58,28 +62,23 @@ def main() -> None:
     warm_up_gpu()
     flex, _ = flex_api()
     rows = []
-    H, D, tokens = 16, 64, 16384
-    for S in opts.seqlens:
-        B = max(1, tokens // S)
-        for name in opts.variants:
-            fn, args, score_mod, mask_mod, _ = case(name, B, H, H, S, D, "cuda", torch.bfloat16)
-            a, b = (compiled_with(fn, args, opts.setting, value) for value in (False, True))
-            if mask_mod is None:
-                reference = flex(*args[:3], score_mod=score_mod)
-                for label, fast in (("A", a), ("B", b)):
-                    check(fast(*args), reference, f"{name} S={S} {label}")
-            times = {"A": [], "B": []}
-            for _ in range(opts.rounds):
-                for label, fast in (("A", a), ("B", b)):
-                    times[label].append(triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100,
-                                                                return_mode="median"))
-            a_ms, b_ms = statistics.median(times["A"]), statistics.median(times["B"])
-            rows.append(dict(setting=settings, variant=name, B=B, H=H, S=S, D=D, a_ms=f"{a_ms:.4f}",
-                             b_ms=f"{b_ms:.4f}", b_over_a=f"{b_ms / a_ms:.3f}", device=torch.cuda.get_device_name(),
-                             torch=torch.__version__, triton=triton.__version__))
-            print(f"{name:<16} S={S:<6} B={B:<3} {settings} off {a_ms:.3f} ms  on {b_ms:.3f} ms  "
-                  f"B/A {b_ms / a_ms:.3f}", flush=True)
-            torch._dynamo.reset()
+    for name, fields, fn, args, reference in cases(opts, flex):
+        a, b = (compiled_with(fn, args, opts.setting, value) for value in (False, True))
+        label = f"{name:<16} " + " ".join(f"{k}={fields[k]}" for k in ("B", "M", "D"))
+        if reference is not None:
+            for side, fast in (("A", a), ("B", b)):
+                check(fast(*args), reference, f"{label} {side}")
+        times = {"A": [], "B": []}
+        for _ in range(opts.rounds):
+            for side, fast in (("A", a), ("B", b)):
+                times[side].append(triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100,
+                                                           return_mode="median"))
+        a_ms, b_ms = statistics.median(times["A"]), statistics.median(times["B"])
+        rows.append(dict(setting=settings, variant=name, B=fields["B"], H=fields["H"], S=fields["M"],
+                         D=fields["D"], a_ms=f"{a_ms:.4f}", b_ms=f"{b_ms:.4f}", b_over_a=f"{b_ms / a_ms:.3f}",
+                         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__))
+        print(f"{label} {settings} off {a_ms:.3f} ms  on {b_ms:.3f} ms  B/A {b_ms / a_ms:.3f}", flush=True)
+        torch._dynamo.reset()
     if opts.out:
         new = not os.path.exists(opts.out)
         with open(opts.out, "a", newline="") as f:
@@ -87,6 +86,24 @@ def main() -> None:
             if new:
                 writer.writeheader()
             writer.writerows(rows)
+
+
+def cases(opts, flex):
+    """(variant, row fields, program, args, reference output or None) for each case."""
+    H, D, tokens = 16, 64, 16384
+    for S in opts.seqlens:
+        for name in opts.variants:
+            if name in SUITES["beyond"]:
+                if name.startswith("evoformer") and S != opts.seqlens[0]:
+                    continue  # its sizes are its own: once
+                for fields, fn, args, _ in beyond_cases(name, [S], "cuda", torch.bfloat16):
+                    if fields["D"] == opts.head_dim:
+                        yield name, fields, fn, args, fn(*args)
+                continue
+            B = max(1, tokens // S)
+            fn, args, score_mod, mask_mod, _ = case(name, B, H, H, S, D, "cuda", torch.bfloat16)
+            reference = flex(*args[:3], score_mod=score_mod) if mask_mod is None else None
+            yield name, dict(B=B, H=H, M=S, D=D), fn, args, reference
 
 
 if __name__ == "__main__":

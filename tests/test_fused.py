@@ -459,3 +459,17 @@ def test_a_negative_or_tensor_scale_is_not_folded():
         source = fxflash.explain(fn, *call_args).regions[0].source
         assert "* 0.3606737602222409 - mu_amax" not in source and "keep_dims=True) *" not in source
         assert_accurate(fn, call_args, fxflash.optimize(fn)(*call_args))
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_epilogues_inputs_are_loaded_before_the_key_loop(prefetch, monkeypatch):
+    """The Evoformer's gate (read only after the loop) is loaded before it with
+    ``config.prefetch_epilogue``, after it without; the result is eager's either way."""
+    monkeypatch.setattr(fxflash.config, "prefetch_epilogue", prefetch)
+    variant = VARIANTS["evoformer_row"]
+    args = variant.inputs(SHAPES["odd"], torch.float16)
+    source = fxflash.explain(variant.fn, *args).regions[0].source
+    loop = source.index("for start_n in range(")
+    gate_loads = [i for i in range(len(source)) if source.startswith("tl.load(in5_ptr", i)]
+    assert gate_loads and all((i < loop) == prefetch for i in gate_loads)
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))

@@ -297,8 +297,14 @@ class _Printer:
         used = " ".join(e for e in idx if e)
         masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok"), (DVC, f"({DVC} < DV)")) if v in used]
         mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
-        code = f"tl.load({ptr} + {offset}{mask}).to({cd})"
-        return self.place(code, COL in used, "x")
+        code = f"tl.load({ptr} + {offset}{mask})"
+        if self.in_epilogue and config.prefetch_epilogue:
+            # an input the epilogue reads (a gate): issued before the loop, so that its latency
+            # hides behind the loop's work; converted after it (its storage dtype held across)
+            early = self.tmp("pf")
+            self.pre.append(f"{early} = {code}")
+            code = early
+        return self.place(f"{code}.to({cd})", COL in used, "x")
 
     def input_address(self, node: fx.Node, idx: tuple) -> tuple[str, str]:
         """(pointer, offset) of a tensor input at index expressions ``idx`` (None: broadcast)."""
@@ -505,6 +511,7 @@ class _Printer:
             f"{ROW} = offs_m[:, None]",
             "offs_d = tl.arange(0, DP)",
             "offs_dv = tl.arange(0, DVP)",
+            f"{DVC} = offs_dv[None, :]",
         ]
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
         d_row = "offs_d[None, :] < D" if r.D != _pow2(r.D) else None
@@ -699,7 +706,6 @@ class _Printer:
         transposes as a permutation of those index names, and store the result at the output
         tensor's own strides."""
         r = self.r
-        self.post.append(f"{DVC} = offs_dv[None, :]")
         names = [f"fb{i}" for i in range(len(self.frame_shape) - 2)] + [ROW, DVC]
         self.vars[r.output_ops[0].args[0]] = Value("out", True)
         for op in r.output_ops:
