@@ -15,6 +15,7 @@ import fxflash
 from fxflash.capture import exact_key, signature_of
 from fxflash.codegen import launch, op, tuning
 from fxflash.variants import VARIANTS, Shape
+from helpers import assert_accurate
 
 
 class RecordingKernel:
@@ -134,3 +135,26 @@ def test_exact_key_stands_for_the_signature():
     assert len({signature_of(a, {}) for a in distinct}) == len(distinct)
     assert exact_key((x, math.nan), {}) == exact_key((x, math.nan), {})
     assert exact_key(([x],), {}) is None and exact_key((x,), {"scale": 0.5}) is None
+
+
+def test_view_ops_on_inputs_are_folded_into_the_call_and_bound_launches_read_their_bases(monkeypatch):
+    """GQA's unsqueeze and expand of k and v leave the graph (rewrite.with_direct_calls): the
+    first launch replays them, a bound launch passes k and v themselves (the same pointers)."""
+    monkeypatch.setattr(launch.Launcher, "binds", staticmethod(lambda like: tuning.pinned_tile() is None))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    variant = VARIANTS["gqa_expand"]
+    q, k, v = variant.inputs(Shape(B=1, H=4, Hkv=2, M=20, N=24, D=16, Dv=16), torch.float32, "cpu")
+    fast = fxflash.optimize(variant.fn)
+    assert_accurate(variant.fn, (q, k, v), fast(q, k, v))  # replayed views, for real
+    code = fast._optimizer.cache.get_or_build(next(iter(fast._optimizer.cache.keys())), None).runner.code
+    assert "expand" not in code.split("call_region")[0] and "('expand'" in code
+    kernel = record_launches()
+    fast(q, k, v)
+    fast(q, k, v)
+    assert kinds(kernel) == ["jit", "bound"]
+    jit_args, bound_args = kernel.calls[0][2], kernel.calls[1][2]
+    for base in (k, v):
+        (jit_view,) = [a for a in jit_args if isinstance(a, torch.Tensor) and a.dim() == 5 and a._base is base]
+        assert jit_view.data_ptr() == base.data_ptr() and jit_view.stride()[2] == 0
+        assert any(a is base for a in bound_args)

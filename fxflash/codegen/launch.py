@@ -76,6 +76,28 @@ def tile_summaries(plan: KernelPlan, inputs: list, block_n: int) -> list:
     return [min_max_per_tile(inputs[i], axis, block_n) for i, axis in plan.summaries]
 
 
+# View ops that ``rewrite.with_direct_calls`` folds into a region's call (they keep the storage
+# offset, so a view's data pointer is its base's): name → how to replay it on the base.
+VIEW_REPLAYS = {
+    "unsqueeze": torch.Tensor.unsqueeze,
+    "expand": torch.Tensor.expand,
+    "transpose": torch.Tensor.transpose,
+    "permute": torch.Tensor.permute,
+}
+
+
+def replay_views(inputs: list, views) -> list:
+    """``inputs`` with each one's folded view chain ``((name, args), …)`` applied (None: none)."""
+    if not views:
+        return inputs
+    out = []
+    for t, chain in zip(inputs, views):
+        for name, args in chain or ():
+            t = VIEW_REPLAYS[name](t, *args)
+        out.append(t)
+    return out
+
+
 class LaunchValues:
     """What the run-time parameters of one launch are read from."""
 
@@ -147,17 +169,19 @@ class Launcher:
         self.kernel = kernel
         self.bound: dict = {}
 
-    def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list) -> list:
+    def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
         ``frame`` = [*batch, M, N], ``out_shapes`` the shapes of the result and of the row
-        values stored beside it. Returns [result, *row values]."""
+        values stored beside it; ``views``: for each input, the view chain folded into the call
+        (``replay_views``; a bound launch reads the bases, which share the views' pointers).
+        Returns [result, *row values]."""
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
-        key = self.layout_key(inputs, sizes, out, sides)
+        key = self.layout_key(inputs, sizes, out, sides, views)
         bound = self.bound.get(key) if key is not None else None
         if bound is not None:
             bound.launch(out, inputs, sides)
         else:
-            self.first_launch(key, inputs, frame, out, sides)
+            self.first_launch(key, replay_views(inputs, views), frame, out, sides)
         return [out, *sides]
 
     @staticmethod
@@ -166,10 +190,10 @@ class Launcher:
         return (config.bind_launches and tuning.pinned_tile() is None and not interpreting()
                 and like.device.type == "cuda")
 
-    def layout_key(self, inputs, sizes, out, sides):
+    def layout_key(self, inputs, sizes, out, sides, views=None):
         if not self.binds(inputs[0]):
             return None
-        return (tuning.state(), torch.cuda.current_device(), tuple(sizes),
+        return (tuning.state(), torch.cuda.current_device(), tuple(sizes), views,
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from .emit import KernelPlan
-from .launch import Launcher, empty_results
+from .launch import Launcher, empty_results, replay_views
 
 
 @dataclasses.dataclass
@@ -48,13 +48,14 @@ class RegisteredRegion:
         ints, floats = iter(self.split(sizes)[2]), iter(scalars)
         return [next(floats) if f else next(ints) for f in self.extra_is_float]
 
-    def run(self, inputs, sizes, scalars) -> list:
+    def run(self, inputs, sizes, scalars, views=None) -> list:
+        """``views``: the view chains folded into a direct call (``launch.replay_views``)."""
         frame, shapes, _ = self.split(sizes)
         if any(s == 0 for s in frame) or any(s == 0 for s in shapes[0]) or not self.plan.int32_index_ok(frame):
             # nothing to tile (eager's semantics for empty sums), or sizes so large that the
             # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
-            return list(self.reference(*inputs, *self.extras(sizes, scalars)))
-        return self.launcher(inputs, sizes, frame, shapes)
+            return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
+        return self.launcher(inputs, sizes, frame, shapes, views)
 
 
 _REGISTRY: dict[str, RegisteredRegion] = {}
@@ -91,16 +92,18 @@ def _region_fake(key, inputs, sizes, scalars):
     return empty_results(entry.plan, shapes, inputs[0])
 
 
-def call_region(key: str, inputs: list, sizes: list, scalars: list) -> list:
+def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) -> list:
     """A fused region called from ``optimize()``'s own graph: straight to the kernel when the
     dispatcher has nothing to do (no gradient to record, plain tensors, no mode or compiler
-    tracing the call), which saves its per-call cost; through the custom op otherwise."""
+    tracing the call), which saves its per-call cost; through the custom op otherwise.
+    ``views``: the view ops on the inputs that ``rewrite.with_direct_calls`` folded into the
+    call, per input (``launch.replay_views``); applied here only when the launch needs them."""
     if ((torch.is_grad_enabled() and any(t.requires_grad for t in inputs))
             or any(type(t) is not torch.Tensor for t in inputs)
             or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
             or torch.compiler.is_compiling()):
-        return region(key, inputs, sizes, scalars)
-    return registered(key).run(inputs, sizes, scalars)
+        return region(key, replay_views(inputs, views), sizes, scalars)
+    return registered(key).run(inputs, sizes, scalars, views)
 
 
 def _setup_context(ctx, inputs, output):

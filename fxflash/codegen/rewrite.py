@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from ..patterns.region import FusionRefused, Region
 from .emit import KernelPlan
-from .op import RegisteredRegion, call_region, register
+from .op import RegisteredRegion, call_region, register, registered
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -21,13 +21,56 @@ def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
     return fx.GraphModule(gm, graph), node_map
 
 
+# View ops folded into a direct region call (launch.VIEW_REPLAYS replays them by name).
+FOLDED_VIEWS = {
+    torch.ops.aten.unsqueeze.default: "unsqueeze",
+    torch.ops.aten.expand.default: "expand",
+    torch.ops.aten.transpose.int: "transpose",
+    torch.ops.aten.permute.default: "permute",
+}
+
+
+def _plain(arg):
+    """``arg`` as a hashable constant of ints, or None when it is not one (a symbolic size)."""
+    if isinstance(arg, (list, tuple)):
+        items = [_plain(a) for a in arg]
+        return None if any(i is None for i in items) else tuple(items)
+    return arg if isinstance(arg, int) and not isinstance(arg, bool) else None
+
+
+def _view_chain(node: fx.Node) -> tuple[fx.Node, tuple]:
+    """(base, chain): the view ops of FOLDED_VIEWS that lead to ``node``, each used once and with
+    constant arguments, innermost first, as ``(name, args)``; ``(node, ())`` when none."""
+    chain = []
+    while (node.op == "call_function" and node.target in FOLDED_VIEWS and len(node.users) == 1
+           and not node.kwargs and isinstance(node.args[0], fx.Node)):
+        args = _plain(list(node.args[1:]))
+        if args is None:
+            break
+        chain.append((FOLDED_VIEWS[node.target], args))
+        node = node.args[0]
+    return node, tuple(reversed(chain))
+
+
 def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` whose region calls go through ``call_region`` (for graphs that run as
-    Python, never handed to a compiler)."""
+    Python, never handed to a compiler). The view ops that only feed a region's input (GQA's
+    ``unsqueeze`` and ``expand`` of k and v, the Evoformer's transposes) move into the call:
+    a bound launch reads their bases and never runs them (inputs summarized per tile keep
+    theirs: their summaries are taken along the view's axes)."""
     copy, _ = copy_graph(gm)
-    for node in copy.graph.nodes:
+    for node in list(copy.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
             node.target = call_region
+            summarized = {i for i, _ in registered(node.args[0]).plan.summaries}
+            inputs, views = [], []
+            for i, arg in enumerate(node.args[1]):
+                base, chain = _view_chain(arg) if i not in summarized else (arg, ())
+                inputs.append(base)
+                views.append(chain)
+            if any(views):
+                node.args = (node.args[0], inputs, *node.args[2:4], tuple(views))
+    copy.graph.eliminate_dead_code()
     copy.recompile()
     return copy
 
