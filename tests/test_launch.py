@@ -97,6 +97,29 @@ def test_what_the_jit_specializes_on_is_launched_through_it(recorded):
     assert kinds(kernel) == ["jit", "jit", "bound"]
 
 
+def test_bound_launches_summarize_the_document_ids_of_each_call(monkeypatch):
+    """Per-key-tile id summaries are computed at every launch, bound ones included, from that
+    call's ids."""
+    monkeypatch.setattr(launch.Launcher, "binds", staticmethod(lambda like: tuning.pinned_tile() is None))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    variant = VARIANTS["document_mask"]
+    q, k, v, ids = variant.inputs(Shape(B=1, H=2, Hkv=2, M=40, N=40, D=16, Dv=16), torch.float32, "cpu")
+    fast = fxflash.optimize(variant.fn)
+    fast(q, k, v, ids)
+    kernel = record_launches()
+    other = ids.flip(0)
+    fast(q, k, v, ids)
+    fast(q, k, v, other)
+    assert kinds(kernel) == ["jit", "bound"]
+    names = kernel.arg_names
+    block_n = kernel.calls[0][3]["BLOCK_N"]
+    for (_, _, args, _), doc in zip(kernel.calls, (ids, other)):
+        lo, hi = launch.min_max_per_tile(doc, 0, block_n)
+        args = dict(zip(names, args))
+        assert torch.equal(args["sum0_lo"], lo) and torch.equal(args["sum0_hi"], hi)
+
+
 def test_other_strides_of_one_stride_class_launch_through_the_jit(recorded):
     fast, (q, k, v), _ = recorded
 

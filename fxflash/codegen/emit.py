@@ -785,13 +785,14 @@ class _Printer:
                f"    {KEY_TILES} = c0 + tl.arange(0, {self.scan})",
                f"    n_lo = {KEY_TILES} * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
         out += ["    " + line for line in key_part]
-        out += [f"    live = (t < n_tiles) & ~({empty})",
-                "    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, t, n_tiles), 0))",
-                "    hi_t = tl.maximum(hi_t, tl.max(tl.where(live, t + 1, 0), 0))"]
+        t = KEY_TILES
+        out += [f"    live = ({t} < n_tiles) & ~({empty})",
+                f"    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, {t}, n_tiles), 0))",
+                f"    hi_t = tl.maximum(hi_t, tl.max(tl.where(live, {t} + 1, 0), 0))"]
         if self.full_proved:
-            out += [f"    full = live & (t < N // BLOCK_N) & ({full})",
-                    "    f_lo = tl.minimum(f_lo, tl.min(tl.where(full, t, n_tiles), 0))",
-                    "    f_hi = tl.maximum(f_hi, tl.max(tl.where(full, t + 1, 0), 0))",
+            out += [f"    full = live & ({t} < N // BLOCK_N) & ({full})",
+                    f"    f_lo = tl.minimum(f_lo, tl.min(tl.where(full, {t}, n_tiles), 0))",
+                    f"    f_hi = tl.maximum(f_hi, tl.max(tl.where(full, {t} + 1, 0), 0))",
                     "    n_full += tl.sum(full.to(tl.int32), 0)"]
         out.append("hi_t = tl.maximum(hi_t, lo_t)")
         if self.full_proved:

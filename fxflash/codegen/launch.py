@@ -99,13 +99,23 @@ def replay_views(inputs: list, views) -> list:
 
 
 class LaunchValues:
-    """What the run-time parameters of one launch are read from."""
+    """What the run-time parameters of one launch are read from (strides and shapes read once,
+    when a parameter first needs them)."""
 
     def __init__(self, inputs, frame, out, sides, summaries):
-        self.inputs, self.frame, self.sides, self.summaries = inputs, frame, sides, summaries
-        self.strides = [t.stride() for t in inputs]
-        self.shapes = [t.shape for t in inputs]
-        self.out_strides = out.stride()
+        self.inputs, self.frame, self.out, self.sides, self.summaries = inputs, frame, out, sides, summaries
+
+    @functools.cached_property
+    def strides(self):
+        return [t.stride() for t in self.inputs]
+
+    @functools.cached_property
+    def shapes(self):
+        return [t.shape for t in self.inputs]
+
+    @functools.cached_property
+    def out_strides(self):
+        return self.out.stride()
 
 
 # Where each run-time parameter's value comes from (KernelPlan.args entries, by kind).
@@ -140,11 +150,11 @@ class BoundLaunch:
 
     def launch(self, out, inputs, sides) -> None:
         summaries = tile_summaries(self.plan, inputs, self.block_n) if self.plan.summaries else ()
+        values = LaunchValues(inputs, None, out, sides, summaries)
         args = list(self.template)
         args[0] = out
         for position, spec in self.slots:
-            kind, i = spec[0], spec[1]
-            args[position] = inputs[i] if kind == "ptr" else sides[i] if kind == "side" else summaries[i][spec[2]]
+            args[position] = ARG_SOURCES[spec[0]](spec, values)
         self.runner(*args)
 
 
