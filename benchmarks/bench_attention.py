@@ -132,6 +132,16 @@ def warm_up_gpu(seconds: float = 3.0) -> None:
     torch.cuda.synchronize()
 
 
+def medians(call) -> tuple[float, float]:
+    """(``do_bench`` median, CUDA-graph replay median) of ``call``, ms: the second leaves out the
+    host time between launches (for probes of calls that may be host-bound)."""
+    call()
+    bench = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
+    return bench, graph
+
+
 def measure(call) -> tuple[float, float]:
     call()
     torch.cuda.synchronize()

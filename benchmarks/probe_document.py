@@ -17,7 +17,6 @@ import os
 import sys
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
@@ -25,7 +24,7 @@ from fxflash import variants as V  # noqa: E402
 from fxflash.codegen import tuning  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import DOCS, document_ids, flex_api  # noqa: E402
+from bench_attention import DOCS, document_ids, flex_api, medians  # noqa: E402
 
 
 def visited_fraction(ids: torch.Tensor, bm: int, bn: int) -> float:
@@ -37,14 +36,6 @@ def visited_fraction(ids: torch.Tensor, bm: int, bn: int) -> float:
     first = live.float().argmax(1)
     last = live.shape[1] - live.flip(1).float().argmax(1)
     return float((last - first).sum()) / live.numel()
-
-
-def medians(call) -> tuple[float, float]:
-    call()
-    bench = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
-    with torch.cuda.stream(torch.cuda.Stream()):
-        graph = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
-    return bench, graph
 
 
 def main():

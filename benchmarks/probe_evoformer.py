@@ -17,11 +17,13 @@ import os
 import sys
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash import variants as V  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import medians  # noqa: E402
 
 INF = V.INF
 
@@ -53,14 +55,6 @@ def plain_strided(q, k, v, mask, pair_bias, gate):
     q, k, v = q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3)
     a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1)
     return (a @ v).transpose(-2, -3)
-
-
-def medians(call) -> tuple[float, float]:
-    call()
-    bench = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
-    with torch.cuda.stream(torch.cuda.Stream()):
-        graph = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
-    return bench, graph
 
 
 def main():
