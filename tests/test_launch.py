@@ -50,11 +50,16 @@ def record_launches() -> RecordingKernel:
 
 
 @pytest.fixture
-def recorded(monkeypatch):
-    """(optimized vanilla, its inputs, the recording kernel) with launches bound on the CPU."""
+def binding_on_cpu(monkeypatch):
+    """Launches on the CPU are bound as on a GPU (device 0, no graph capture)."""
     monkeypatch.setattr(launch.Launcher, "binds", staticmethod(lambda like: tuning.pinned_tile() is None))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+@pytest.fixture
+def recorded(binding_on_cpu):
+    """(optimized vanilla, its inputs, the recording kernel) with launches bound on the CPU."""
     variant = VARIANTS["vanilla"]
     args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=20, N=24, D=16, Dv=16), torch.float32, "cpu")
     fast = fxflash.optimize(variant.fn)
@@ -97,12 +102,9 @@ def test_what_the_jit_specializes_on_is_launched_through_it(recorded):
     assert kinds(kernel) == ["jit", "jit", "bound"]
 
 
-def test_bound_launches_summarize_the_document_ids_of_each_call(monkeypatch):
+def test_bound_launches_summarize_the_document_ids_of_each_call(binding_on_cpu):
     """Per-key-tile id summaries are computed at every launch, bound ones included, from that
     call's ids."""
-    monkeypatch.setattr(launch.Launcher, "binds", staticmethod(lambda like: tuning.pinned_tile() is None))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     variant = VARIANTS["document_mask"]
     q, k, v, ids = variant.inputs(Shape(B=1, H=2, Hkv=2, M=40, N=40, D=16, Dv=16), torch.float32, "cpu")
     fast = fxflash.optimize(variant.fn)
@@ -160,12 +162,9 @@ def test_exact_key_stands_for_the_signature():
     assert exact_key(([x],), {}) is None and exact_key((x,), {"scale": 0.5}) is None
 
 
-def test_view_ops_on_inputs_are_folded_into_the_call_and_bound_launches_read_their_bases(monkeypatch):
+def test_view_ops_on_inputs_are_folded_into_the_call_and_bound_launches_read_their_bases(binding_on_cpu):
     """GQA's unsqueeze and expand of k and v leave the graph (rewrite.with_direct_calls): the
     first launch replays them, a bound launch passes k and v themselves (the same pointers)."""
-    monkeypatch.setattr(launch.Launcher, "binds", staticmethod(lambda like: tuning.pinned_tile() is None))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     variant = VARIANTS["gqa_expand"]
     q, k, v = variant.inputs(Shape(B=1, H=4, Hkv=2, M=20, N=24, D=16, Dv=16), torch.float32, "cpu")
     fast = fxflash.optimize(variant.fn)

@@ -23,6 +23,11 @@ def stride_class(t: torch.Tensor) -> tuple:
     return (order, zero, t.is_contiguous())
 
 
+def _value(x: Any) -> Hashable:
+    """A plain value as a key: floats by their bits (-0.0 is not 0.0; every NaN is one key)."""
+    return x.hex() if isinstance(x, float) else x
+
+
 def _leaf_key(x: Any) -> Hashable:
     if isinstance(x, torch.Tensor):
         return (
@@ -34,10 +39,8 @@ def _leaf_key(x: Any) -> Hashable:
             stride_class(x),
             x.requires_grad,
         )
-    if isinstance(x, float):
-        return ("V", "float", x.hex())  # -0.0 is not 0.0; every NaN is one key
-    if isinstance(x, (int, bool, str, type(None), torch.dtype, torch.device)):
-        return ("V", type(x).__name__, x)
+    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+        return ("V", type(x).__name__, _value(x))
     try:
         hash(x)
         return ("V", type(x).__name__, x)
@@ -61,7 +64,7 @@ _FLAT_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device)
 def _exact_leaf(x: Any) -> Hashable:
     if isinstance(x, torch.Tensor):
         return (x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
-    return (type(x), x.hex() if type(x) is float else x)
+    return (type(x), _value(x))
 
 
 def exact_key(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable | None:

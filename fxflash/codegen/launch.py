@@ -77,12 +77,13 @@ def tile_summaries(plan: KernelPlan, inputs: list, block_n: int) -> list:
 
 
 # View ops that ``rewrite.with_direct_calls`` folds into a region's call (they keep the storage
-# offset, so a view's data pointer is its base's): name → how to replay it on the base.
-VIEW_REPLAYS = {
-    "unsqueeze": torch.Tensor.unsqueeze,
-    "expand": torch.Tensor.expand,
-    "transpose": torch.Tensor.transpose,
-    "permute": torch.Tensor.permute,
+# offset, so a view's data pointer is its base's), by the name the call records: the op replays
+# itself on the base.
+FOLDED_VIEWS = {
+    "unsqueeze": torch.ops.aten.unsqueeze.default,
+    "expand": torch.ops.aten.expand.default,
+    "transpose": torch.ops.aten.transpose.int,
+    "permute": torch.ops.aten.permute.default,
 }
 
 
@@ -93,7 +94,7 @@ def replay_views(inputs: list, views) -> list:
     out = []
     for t, chain in zip(inputs, views):
         for name, args in chain or ():
-            t = VIEW_REPLAYS[name](t, *args)
+            t = FOLDED_VIEWS[name](t, *args)
         out.append(t)
     return out
 

@@ -9,6 +9,7 @@ import torch.fx as fx
 
 from ..patterns.region import FusionRefused, Region
 from .emit import KernelPlan
+from .launch import FOLDED_VIEWS
 from .op import RegisteredRegion, call_region, register, registered
 
 
@@ -21,13 +22,7 @@ def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
     return fx.GraphModule(gm, graph), node_map
 
 
-# View ops folded into a direct region call (launch.VIEW_REPLAYS replays them by name).
-FOLDED_VIEWS = {
-    torch.ops.aten.unsqueeze.default: "unsqueeze",
-    torch.ops.aten.expand.default: "expand",
-    torch.ops.aten.transpose.int: "transpose",
-    torch.ops.aten.permute.default: "permute",
-}
+_VIEW_NAMES = {op: name for name, op in FOLDED_VIEWS.items()}
 
 
 def _plain(arg):
@@ -39,15 +34,15 @@ def _plain(arg):
 
 
 def _view_chain(node: fx.Node) -> tuple[fx.Node, tuple]:
-    """(base, chain): the view ops of FOLDED_VIEWS that lead to ``node``, each used once and with
+    """(base, chain): the view ops of launch.FOLDED_VIEWS that lead to ``node``, each used once and with
     constant arguments, innermost first, as ``(name, args)``; ``(node, ())`` when none."""
     chain = []
-    while (node.op == "call_function" and node.target in FOLDED_VIEWS and len(node.users) == 1
+    while (node.op == "call_function" and node.target in _VIEW_NAMES and len(node.users) == 1
            and not node.kwargs and isinstance(node.args[0], fx.Node)):
         args = _plain(list(node.args[1:]))
         if args is None:
             break
-        chain.append((FOLDED_VIEWS[node.target], args))
+        chain.append((_VIEW_NAMES[node.target], args))
         node = node.args[0]
     return node, tuple(reversed(chain))
 
