@@ -34,3 +34,42 @@ def test_speedups_table_and_plot(tmp_path):
     text = (tmp_path / "suite_GPU_X.md").read_text()
     assert "| causal | 4k |" in text and "2.00×" in text and "GPU X" in text
     assert (tmp_path / "suite_GPU_X.png").stat().st_size > 10_000
+
+
+def test_probe_edits_keep_each_kernel_s_result():
+    """Each of probe_edits' hand edits of a printed kernel computes what the printed kernel
+    computes (interpreter, fp32): the probe compares timings of equal programs."""
+    import torch
+
+    import fxflash
+    from fxflash import variants as V
+    from fxflash.codegen import op as region_op
+
+    import probe_edits
+
+    g = torch.Generator().manual_seed(0)
+    B, N_seq, S, H, D = 1, 3, 40, 2, 16
+    evo = (*(torch.randn(B, N_seq, S, H, D, generator=g) for _ in range(3)),
+           (torch.rand(B, N_seq, S, generator=g) > 0.2).float(), torch.randn(B, 1, H, S, S, generator=g),
+           torch.randn(B, N_seq, S, H, D, generator=g))
+    diff = (torch.randn(1, 4, 40, 16, generator=g), torch.randn(1, 4, 40, 16, generator=g),
+            torch.randn(1, 2, 40, 32, generator=g))
+    applied = []
+    for fn, args in ((V.evoformer_row, evo), (V.diff_attention, diff)):
+        fast = fxflash.optimize(fn)
+        before = set(region_op._REGISTRY)
+        printed_out = fast(*args)
+        (key,) = set(region_op._REGISTRY) - before
+        entry = region_op._REGISTRY[key]
+        printed = entry.plan.source
+        for name, edit in probe_edits.EDITS.items():
+            try:
+                source = edit(printed)
+            except ValueError:
+                continue
+            assert source != printed
+            probe_edits.swap_kernel(entry, source)
+            torch.testing.assert_close(fast(*args), printed_out, rtol=1e-5, atol=1e-5)
+            applied.append((fn.__name__, name))
+    assert set(applied) == {("evoformer_row", "loads_first"), ("evoformer_row", "bias_in_dot"),
+                            ("diff_attention", "defer_scalar")}

@@ -1,0 +1,159 @@
+"""Time hand edits of a generated kernel against the kernel itself, before building them.
+
+    PYTHONPATH=. python benchmarks/probe_edits.py --variant evoformer_row --batch 8 --edits loads_first bias_in_dot
+    PYTHONPATH=. python benchmarks/probe_edits.py --variant diff_attention --seqlen 512 --edits defer_scalar
+
+A change to the code generator is a prediction about the printed kernel; this probe measures
+the prediction first. It compiles the variant's fused kernel as fxflash prints it, then each
+named edit of that source (``EDITS``: functions source → source, each raising if it finds
+nothing to change), swaps it into the registered region, checks the result against the
+unedited kernel's, and times the call with each tile in ``--tiles`` (default: the kernel's
+own candidates) pinned: CUDA-graph replay medians (device time; pinned tiles take the
+unbound launch path) and the best tile per edit. Cases are the suite's shapes
+(``tile_sweep.py``'s selection). The edits are experiments: what wins is then built into
+``codegen`` as a rule, with tests.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import fxflash  # noqa: E402
+from fxflash.codegen import cache, tuning  # noqa: E402
+from fxflash.codegen import op as region_op  # noqa: E402
+from fxflash.codegen.launch import Launcher  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import SUITES, beyond_cases, case, medians, tuned_configs  # noqa: E402
+
+
+def _sub(pattern: str, repl, source: str, count: int = 0) -> str:
+    out, n = re.subn(pattern, repl, source, count=count, flags=re.M)
+    if n == 0:
+        raise ValueError(f"edit found nothing to change: {pattern!r}")
+    return out
+
+
+def loads_first(source: str) -> str:
+    """Issue the loads of the score tile's tensor inputs (biases) before the score dot, so their
+    latency overlaps the dot instead of following it."""
+    def move(match):
+        dot, between = match.group(1), match.group(2)
+        loads = re.findall(r"^ +x\d+ = tl\.load[^\n]*\n", between, flags=re.M)
+        if not loads:
+            return match.group(0)
+        return "".join(loads) + dot + "".join(line for line in between.splitlines(True) if line not in loads)
+    return _sub(r"^( +s = tl\.dot\(q, k[^\n]*\n)((?:(?! +tile_amax)[^\n]*\n)*?)(?= +tile_amax)", move, source)
+
+
+def bias_in_dot(source: str) -> str:
+    """``s + x1 + x3`` with x1, x3 loaded tiles: the loads first, their sum the score dot's
+    accumulator input (``tl.dot(q, k, x3 + x1)``), the adds after the dot gone."""
+    def rewrite(match):
+        indent, precision, body = match.group(1), match.group(2) or "", match.group(3)
+        loads = re.findall(r"^ +x\d+ = tl\.load[^\n]*\n", body, flags=re.M)
+        names = [re.match(r" +(x\d+)", line).group(1) for line in loads]
+        adds = re.findall(r"^ +(t\d+) = \(\((s|t\d+) \+ (x\d+)\)\)\.to\(tl\.float32\)\n", body, flags=re.M)
+        if not loads or len(adds) != len(names):
+            return match.group(0)
+        acc = " + ".join(reversed(names))
+        shape = "[BLOCK_M, BLOCK_N]"
+        out = "".join(loads) + f"{indent}s = tl.dot(q, k, tl.broadcast_to({acc}, {shape}){precision})\n"
+        for t, src, _ in adds:
+            out += f"{indent}{t} = {src}\n"
+        return out
+    return _sub(r"^( +)s = tl\.dot\(q, k(, input_precision='ieee')?\)\n((?:(?: +x\d+ = tl\.load[^\n]*| +t\d+ = \(\((?:s|t\d+) \+ x\d+\)\)\.to\(tl\.float32\))\n)+)",
+                rewrite, source)
+
+
+def defer_scalar(source: str) -> str:
+    """``acc1 += (λ·e)·V`` → ``acc1 += e·V`` and ``λ·acc1`` after the loop (distributivity over a
+    constant λ): one multiply per score of the second stream less."""
+    used = re.search(r"acc1 = tl\.dot\(tl\.where\(col_ok, (t\d+),", source)
+    lam = used and re.search(rf"^ +{used.group(1)} = \(\((\w+) \* ([0-9.e+-]+)\)\)\.to\(tl\.float32\)$",
+                             source, flags=re.M)
+    if not lam:
+        raise ValueError("edit found nothing to change: no constant factor in acc1's dot operand")
+    name, (base, value) = used.group(1), lam.groups()
+    source = _sub(rf"^( +){name} = \(\({base} \* {re.escape(value)}\)\)\.to\(tl\.float32\)\n", rf"\1{name} = {base}\n", source)
+    return _sub(r"(acc1\) / row\d+)", rf"\1 * {value}", source, count=1)
+
+
+EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, defer_scalar)}
+
+
+def swap_kernel(entry, source: str) -> None:
+    """Run ``source`` (same parameters as the printed kernel) in place of ``entry``'s kernel."""
+    kernel = cache.load_kernel(source, entry.plan.name)
+    entry.plan = dataclasses.replace(entry.plan, source=source)
+    entry.kernel = kernel
+    entry.launcher = Launcher(entry.plan, kernel)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="evoformer_row")
+    parser.add_argument("--batch", type=int, default=8, help="the case whose B (or B·N_seq / 256) matches")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--gqa", action="store_true", help="softmax suite: 2 KV heads")
+    parser.add_argument("--edits", nargs="+", default=list(EDITS), choices=list(EDITS))
+    parser.add_argument("--tiles", nargs="*", default=None, help="BMxBNxWxS, e.g. 64x64x4x2 (default: the kernel's candidates)")
+    parser.add_argument("--show", action="store_true", help="print each edited loop")
+    opts = parser.parse_args()
+    if opts.variant in SUITES["softmax"]:
+        B, H, D = max(1, 16384 // opts.seqlen), 16, 64
+        hkv = 2 if opts.gqa else H
+        fn, args = case(opts.variant, B, H, hkv, opts.seqlen, D, "cuda", torch.bfloat16)[:2]
+        fields = dict(B=B, H=H, M=opts.seqlen, D=D)
+        flops = 4 * B * H * opts.seqlen * opts.seqlen * D
+    else:
+        fields, fn, args, flops = next(
+            c for c in beyond_cases(opts.variant, [opts.seqlen], "cuda", torch.bfloat16)
+            if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256))
+    print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
+    fast = fxflash.optimize(fn)
+    before = set(region_op._REGISTRY)
+    reference = fast(*args)
+    (key,) = set(region_op._REGISTRY) - before
+    entry = region_op._REGISTRY[key]
+    print(f"tuner's pick for the printed kernel: {tuned_configs()}", flush=True)
+    printed = entry.plan.source
+    tiles = ([tuple(int(x) for x in t.split("x")) for t in opts.tiles] if opts.tiles
+             else [tuple(c) for c in entry.plan.configs])
+    for name in ["as printed", *opts.edits]:
+        try:
+            source = printed if name == "as printed" else EDITS[name](printed)
+        except ValueError as exc:
+            print(f"{name:<14} not applicable: {exc}", flush=True)
+            continue
+        swap_kernel(entry, source)
+        if opts.show and name != "as printed":
+            changed = [line for line in source.splitlines() if line not in printed.splitlines()]
+            print("\n".join(f"    | {line}" for line in changed))
+        best = None
+        for tile in tiles:
+            try:
+                with tuning.pinned(tile):
+                    out = fast(*args)
+                    err = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+                    _, graph = medians(lambda: fast(*args))
+            except Exception as exc:  # a tile this edit cannot compile (resources)
+                print(f"{name:<14} {tuning.describe(tile):<28} failed: {type(exc).__name__}", flush=True)
+                continue
+            print(f"{name:<14} {tuning.describe(tile):<28} {graph:.4f} ms (graph replay) "
+                  f"{flops / graph / 1e9:.0f} TFLOP/s  rel. diff {err:.1e}", flush=True)
+            if best is None or graph < best[1]:
+                best = (tile, graph)
+        if best:
+            print(f"{name:<14} best {tuning.describe(best[0])}: {best[1]:.4f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
