@@ -1,7 +1,7 @@
 """Time hand edits of a generated kernel against the kernel itself, before building them.
 
     PYTHONPATH=. python benchmarks/probe_edits.py --variant evoformer_row --batch 8 --edits loads_first bias_in_dot
-    PYTHONPATH=. python benchmarks/probe_edits.py --variant diff_attention --seqlen 512 --edits defer_scalar
+    PYTHONPATH=. python benchmarks/probe_edits.py --variant evoformer_row --batch 8 --head-dim 128 --tiles 64x64x4x2
 
 A change to the code generator is a prediction about the printed kernel; this probe measures
 the prediction first. It compiles the variant's fused kernel as fxflash prints it, then each
@@ -72,20 +72,7 @@ def bias_in_dot(source: str) -> str:
                 rewrite, source)
 
 
-def defer_scalar(source: str) -> str:
-    """``acc1 += (λ·e)·V`` → ``acc1 += e·V`` and ``λ·acc1`` after the loop (distributivity over a
-    constant λ): one multiply per score of the second stream less."""
-    used = re.search(r"acc1 = tl\.dot\(tl\.where\(col_ok, (t\d+),", source)
-    lam = used and re.search(rf"^ +{used.group(1)} = \(\((\w+) \* ([0-9.e+-]+)\)\)\.to\(tl\.float32\)$",
-                             source, flags=re.M)
-    if not lam:
-        raise ValueError("edit found nothing to change: no constant factor in acc1's dot operand")
-    name, (base, value) = used.group(1), lam.groups()
-    source = _sub(rf"^( +){name} = \(\({base} \* {re.escape(value)}\)\)\.to\(tl\.float32\)\n", rf"\1{name} = {base}\n", source)
-    return _sub(r"(acc1\) / row\d+)", rf"\1 * {value}", source, count=1)
-
-
-EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, defer_scalar)}
+EDITS = {f.__name__: f for f in (loads_first, bias_in_dot)}
 
 
 def swap_kernel(entry, source: str) -> None:

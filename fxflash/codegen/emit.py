@@ -551,9 +551,10 @@ class _Printer:
         v_elem = "v_ptr.dtype.element_ty"
         self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
         self.loop += _scaled("v", r.v)
+        self.term_factors = [deferred_constant(self.vars[node], r.v.node.meta["val"].dtype) for _, node, _ in terms]
         for t, (_, node, form) in enumerate(terms):
             self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, DVP], tl.float32)")
-            p_tile = f"tl.where(col_ok, {self.vars[node].code}, 0.0).to({v_elem})"
+            p_tile = f"tl.where(col_ok, {self.term_factors[t][0]}, 0.0).to({v_elem})"
             if form.scale is not None:
                 self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
             self.loop.append(f"acc{t} = tl.dot({p_tile}, v, acc{t}{_dot_precision(r.v.node.meta['val'].dtype)})")
@@ -691,7 +692,8 @@ class _Printer:
             self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, "
                              f"{self.vars[node].code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
         parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors, form.stream)}"
-                 for t, (sign, _, form) in enumerate(terms)]
+                 + (f" * {c!r}" if c != 1.0 else "")
+                 for t, ((sign, _, form), (_, c)) in enumerate(zip(terms, self.term_factors))]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
         if r.output_ops:
             self.store_through_output_ops()
@@ -990,6 +992,21 @@ def _memory_order(val: torch.Tensor) -> tuple:
     return tuple(sorted(range(val.dim()), key=lambda a: (-int(strides[a]), a)))
 
 
+def deferred_constant(p: Value, v_dtype: torch.dtype) -> tuple[str, float]:
+    """``(base, c)`` for a term ``P = c·base`` of the consumer contraction, ``c`` a positive
+    constant (Value.scaled): ``Σ (c·base)·V = c·Σ base·V``, so ``base`` goes into the dot and
+    ``c`` multiplies the finished accumulator (one multiply per score less: the λ of
+    differential attention, ReLU attention's ``1/N``). ``(p, 1.0)`` otherwise, and for fp16
+    with ``c < 1``, where ``base`` could exceed fp16's range when cast for the dot while
+    ``c·base`` would not."""
+    if p.scaled is None:
+        return p.code, 1.0
+    base, c = p.scaled
+    if v_dtype == torch.float16 and c < 1:
+        return p.code, 1.0
+    return base, c
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     if dtype is not torch.float32:
         return ""
@@ -998,10 +1015,13 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 # Tile configurations timed on GPUs (tuning.choose), by the larger head dim:
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). The 64-row tiles keep several programs per SM
-# busy when each has only a few key tiles to visit (the Evoformer's 256 keys).
+# busy when each has only a few key tiles to visit (the Evoformer's 256 keys: 64×64 with 3
+# stages at head dim 64 and with 2 at 128 measured 4 % and 12 % faster than the tuner's
+# earlier picks, benchmarks/results/logs/probe_edits_H200.log).
 TILE_CONFIGS = (
-    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2), (64, 64, 4, 2), (64, 128, 4, 2)]),
-    (128, [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)]),
+    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2), (64, 64, 4, 2), (64, 128, 4, 2),
+          (64, 64, 4, 3)]),
+    (128, [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 2)]),
     (256, [(64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2)]),
 )
 
