@@ -10,7 +10,7 @@ nothing to change), swaps it into the registered region, checks the result again
 unedited kernel's, and times the call with each tile in ``--tiles`` (default: the kernel's
 own candidates) pinned: CUDA-graph replay medians (device time; pinned tiles take the
 unbound launch path) and the best tile per edit. Cases are the suite's shapes
-(``tile_sweep.py``'s selection). The edits are experiments: what wins is then built into
+(``tile_sweep.case_of``). The edits are experiments: what wins is then built into
 ``codegen`` as a rule, with tests.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ from fxflash.codegen import op as region_op  # noqa: E402
 from fxflash.codegen.launch import Launcher  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import SUITES, beyond_cases, case, medians, tuned_configs  # noqa: E402
+from bench_attention import medians, tuned_configs  # noqa: E402
+from tile_sweep import add_case_options, case_of  # noqa: E402
 
 
 def _sub(pattern: str, repl, source: str, count: int = 0) -> str:
@@ -85,25 +86,12 @@ def swap_kernel(entry, source: str) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", default="evoformer_row")
-    parser.add_argument("--batch", type=int, default=8, help="the case whose B (or B·N_seq / 256) matches")
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--seqlen", type=int, default=4096)
-    parser.add_argument("--gqa", action="store_true", help="softmax suite: 2 KV heads")
+    add_case_options(parser)
     parser.add_argument("--edits", nargs="+", default=list(EDITS), choices=list(EDITS))
     parser.add_argument("--tiles", nargs="*", default=None, help="BMxBNxWxS, e.g. 64x64x4x2 (default: the kernel's candidates)")
     parser.add_argument("--show", action="store_true", help="print each edited loop")
     opts = parser.parse_args()
-    if opts.variant in SUITES["softmax"]:
-        B, H, D = max(1, 16384 // opts.seqlen), 16, 64
-        hkv = 2 if opts.gqa else H
-        fn, args = case(opts.variant, B, H, hkv, opts.seqlen, D, "cuda", torch.bfloat16)[:2]
-        fields = dict(B=B, H=H, M=opts.seqlen, D=D)
-        flops = 4 * B * H * opts.seqlen * opts.seqlen * D
-    else:
-        fields, fn, args, flops = next(
-            c for c in beyond_cases(opts.variant, [opts.seqlen], "cuda", torch.bfloat16)
-            if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256))
+    fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fast = fxflash.optimize(fn)
     before = set(region_op._REGISTRY)

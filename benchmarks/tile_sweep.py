@@ -31,24 +31,35 @@ from bench_attention import SUITES, beyond_cases, case  # noqa: E402
 EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_case_options(parser) -> None:
+    """The options that pick one suite case (``case_of``)."""
     parser.add_argument("--variant", default="evoformer_row")
     parser.add_argument("--batch", type=int, default=8, help="the case whose B (or B·N_seq / 256) matches")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--gqa", action="store_true", help="softmax suite: 2 KV heads")
-    opts = parser.parse_args()
+
+
+def case_of(opts) -> tuple:
+    """``(fields, fn, args, flops)`` of the suite case the options name, on the GPU in bf16."""
     if opts.variant in SUITES["softmax"]:
         B, H, D = max(1, 16384 // opts.seqlen), 16, 64
         hkv = 2 if opts.gqa else H
         fn, args = case(opts.variant, B, H, hkv, opts.seqlen, D, "cuda", torch.bfloat16)[:2]
         fields = dict(B=B, H=H, Hkv=hkv, M=opts.seqlen, N=opts.seqlen, D=D, Dv=D)
-        flops = 4 * B * H * opts.seqlen * opts.seqlen * D
-    else:
-        cases = [c for c in beyond_cases(opts.variant, [opts.seqlen], "cuda", torch.bfloat16)
-                 if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256)]
-        fields, fn, args, flops = cases[0]
+        return fields, fn, args, 4 * B * H * opts.seqlen * opts.seqlen * D
+    for c in beyond_cases(opts.variant, [opts.seqlen], "cuda", torch.bfloat16):
+        if c[0]["D"] == opts.head_dim and c[0]["B"] in (opts.batch, opts.batch * 256):
+            return c
+    raise SystemExit(f"no {opts.variant} case with head dim {opts.head_dim}, batch {opts.batch} and seqlen "
+                     f"{opts.seqlen} in the suite")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_case_options(parser)
+    opts = parser.parse_args()
+    fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fast = fxflash.optimize(fn)
     configs = emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS

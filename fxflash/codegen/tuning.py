@@ -47,9 +47,10 @@ FORMAT_VERSION = 1
 ROUNDS = 2
 WARMUP_MS, REP_MS = 5, 25   # do_bench's warm-up and measuring time per candidate and round
 # Before the rounds, the first candidate runs for this long: the GPU sat idle while the
-# candidates compiled, and the first rounds ran at its low clocks, penalizing the candidates
-# timed first (causal attention at 16k: 128×64 lost to 64×64 by the tuner's timing, won by 3.5 %
-# timed after tuning, benchmarks/results/logs/tuner_bias_H200.log).
+# candidates compiled, and every candidate should be timed at the clocks of a busy GPU. (It
+# did not remove the one misordering seen: for causal attention at 16k the rounds put 64×64
+# ahead of 128×64, which is 3.5 % faster timed the same way after tuning;
+# benchmarks/results/logs/tuner_bias_H200.log. Not understood yet.)
 SPIN_UP_S = 0.3
 
 Tile = tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
