@@ -52,21 +52,14 @@ def test_probe_edits_keep_each_kernel_s_result():
     evo = (*(torch.randn(B, N_seq, S, H, D, generator=g) for _ in range(3)),
            (torch.rand(B, N_seq, S, generator=g) > 0.2).float(), torch.randn(B, 1, H, S, S, generator=g),
            torch.randn(B, N_seq, S, H, D, generator=g))
-    applied = []
-    for fn, args in ((V.evoformer_row, evo),):
-        fast = fxflash.optimize(fn)
-        before = set(region_op._REGISTRY)
-        printed_out = fast(*args)
-        (key,) = set(region_op._REGISTRY) - before
-        entry = region_op._REGISTRY[key]
-        printed = entry.plan.source
-        for name, edit in probe_edits.EDITS.items():
-            try:
-                source = edit(printed)
-            except ValueError:
-                continue
-            assert source != printed
-            probe_edits.swap_kernel(entry, source)
-            torch.testing.assert_close(fast(*args), printed_out, rtol=1e-5, atol=1e-5)
-            applied.append((fn.__name__, name))
-    assert set(applied) == {("evoformer_row", "loads_first"), ("evoformer_row", "bias_in_dot")}
+    fast = fxflash.optimize(V.evoformer_row)
+    before = set(region_op._REGISTRY)
+    printed_out = fast(*evo)
+    (key,) = set(region_op._REGISTRY) - before
+    entry = region_op._REGISTRY[key]
+    printed = entry.plan.source
+    for edit in probe_edits.EDITS.values():
+        source = edit(printed)  # raises if it finds nothing to change
+        assert source != printed
+        probe_edits.swap_kernel(entry, source)
+        torch.testing.assert_close(fast(*evo), printed_out, rtol=1e-5, atol=1e-5)

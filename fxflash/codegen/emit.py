@@ -996,7 +996,7 @@ def deferred_constant(p: Value, v_dtype: torch.dtype) -> tuple[str, float]:
     """``(base, c)`` for a term ``P = c·base`` of the consumer contraction, ``c`` a positive
     constant (Value.scaled): ``Σ (c·base)·V = c·Σ base·V``, so ``base`` goes into the dot and
     ``c`` multiplies the finished accumulator (one multiply per score less: the λ of
-    differential attention, ReLU attention's ``1/N``). ``(p, 1.0)`` otherwise, and for fp16
+    differential attention, ReLU attention's ``1/N``). ``(p.code, 1.0)`` otherwise, and for fp16
     with ``c < 1``, where ``base`` could exceed fp16's range when cast for the dot while
     ``c·base`` would not."""
     if p.scaled is None:

@@ -3,9 +3,9 @@
 A fused kernel has a few candidate configurations ``(BLOCK_M, BLOCK_N, num_warps,
 num_stages)``: ``plan.configs``, already pruned by shared memory and registers
 (``emit.tile_configs``). At the first launch for a problem size each candidate is compiled
-and timed (after a short spin-up of the GPU), in two interleaved rounds (``triton.testing.do_bench`` medians; a candidate's time
-is the smaller of its two medians, so one disturbed round does not decide), and the fastest
-is kept
+and timed after a short spin-up of the GPU, in two interleaved rounds
+(``triton.testing.do_bench`` medians; a candidate's time is the smaller of its two medians,
+so one disturbed round does not decide), and the fastest is kept
 
 * in memory, for this process;
 * in ``<kernel cache dir>/tuning.json``, so another process launches it with no timing.
