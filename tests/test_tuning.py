@@ -138,13 +138,3 @@ def test_every_candidate_tile_computes_the_same_attention():
     for tile in sorted(configs):
         with tuning.pinned(tile):
             assert_accurate(variant.fn, args, fast(*args))
-
-
-def test_the_gpu_spins_up_on_the_first_candidate_that_runs(fresh, monkeypatch):
-    """Before the rounds the first candidate that runs is launched for SPIN_UP_S (a failing
-    one is passed over; the rounds record its failure)."""
-    monkeypatch.setattr(tuning, "SPIN_UP_S", 0.01)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    gpu = FakeGPU(failing={CANDIDATES[0]})
-    tuning._spin_up(CANDIDATES, gpu.run, 0)
-    assert gpu.launched and set(gpu.launched) == {CANDIDATES[1]}

@@ -3,9 +3,9 @@
 A fused kernel has a few candidate configurations ``(BLOCK_M, BLOCK_N, num_warps,
 num_stages)``: ``plan.configs``, already pruned by shared memory and registers
 (``emit.tile_configs``). At the first launch for a problem size each candidate is compiled
-and timed after a short spin-up of the GPU, in two interleaved rounds
-(``triton.testing.do_bench`` medians; a candidate's time is the smaller of its two medians,
-so one disturbed round does not decide), and the fastest is kept
+and timed, in two interleaved rounds (``triton.testing.do_bench`` medians; a candidate's time
+is the smaller of its two medians, so one disturbed round does not decide), and the fastest
+is kept
 
 * in memory, for this process;
 * in ``<kernel cache dir>/tuning.json``, so another process launches it with no timing.
@@ -46,12 +46,6 @@ log = logging.getLogger("fxflash")
 FORMAT_VERSION = 1
 ROUNDS = 2
 WARMUP_MS, REP_MS = 5, 25   # do_bench's warm-up and measuring time per candidate and round
-# Before the rounds, the first candidate runs for this long: the GPU sat idle while the
-# candidates compiled, and every candidate should be timed at the clocks of a busy GPU. (It
-# did not remove the one misordering seen: for causal attention at 16k the rounds put 64×64
-# ahead of 128×64, which is 3.5 % faster timed the same way after tuning;
-# benchmarks/results/logs/tuner_bias_H200.log. Not understood yet.)
-SPIN_UP_S = 0.3
 
 Tile = tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 
@@ -205,27 +199,11 @@ def _compile_all(candidates, run, device_index) -> None:
                 future.result()
 
 
-def _spin_up(candidates, run, device_index) -> None:
-    """Keep the GPU busy for SPIN_UP_S with the first candidate that runs, so that every
-    candidate is timed at the clocks of a busy GPU."""
-    deadline = time.perf_counter() + SPIN_UP_S
-    for tile in candidates:
-        try:
-            while time.perf_counter() < deadline:
-                for _ in range(4):
-                    run(tile)
-                torch.cuda.synchronize(device_index)
-            return
-        except Exception:  # this tile does not run here: the rounds record why
-            continue
-
-
 def _tune(name, key, candidates, frame, run, timer, device_index) -> Tile:
     start = time.perf_counter()
     progress = _Progress(name, frame, len(candidates) * ROUNDS)
     if device_index is not None:
         _compile_all(candidates, run, device_index)
-        _spin_up(candidates, run, device_index)
     times: dict[Tile, float] = {}
     failures: dict[Tile, str] = {}
     for _ in range(ROUNDS):
