@@ -8,7 +8,7 @@ tokens; for ``beyond``-suite variants, that suite's configs of head dim ``--head
 ``--seqlens``, the Evoformer's at its own sizes) fxflash is compiled twice, with the
 ``fxflash.config`` settings all False (A) and all True (B), each autotuned as usual; then A
 and B are timed alternately ``--rounds`` times
-(``triton.testing.do_bench`` medians) and the median of each side is reported with B/A
+(``bench_attention.settled_ms``: do_bench medians, each after a rest) and the median of each side is reported with B/A
 (below 1: the setting helps). Both outputs are checked against FlexAttention (softmax suite)
 or eager (beyond suite).
 """
@@ -24,7 +24,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import SUITES, beyond_cases, case, check, flex_api, warm_up_gpu  # noqa: E402
+from bench_attention import SUITES, beyond_cases, case, check, flex_api, settled_ms  # noqa: E402
 
 import fxflash  # noqa: E402
 
@@ -59,7 +59,6 @@ def main() -> None:
         if not isinstance(getattr(fxflash.config, setting, None), bool):
             raise SystemExit(f"fxflash.config has no boolean setting {setting!r}")
     settings = "+".join(opts.setting)
-    warm_up_gpu()
     flex, _ = flex_api()
     rows = []
     for name, fields, fn, args, reference in cases(opts, flex):
@@ -71,8 +70,7 @@ def main() -> None:
         times = {"A": [], "B": []}
         for _ in range(opts.rounds):
             for side, fast in (("A", a), ("B", b)):
-                times[side].append(triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100,
-                                                           return_mode="median"))
+                times[side].append(settled_ms(lambda: fast(*args)))
         a_ms, b_ms = statistics.median(times["A"]), statistics.median(times["B"])
         rows.append(dict(setting=settings, variant=name, B=fields["B"], H=fields["H"], S=fields["M"],
                          D=fields["D"], a_ms=f"{a_ms:.4f}", b_ms=f"{b_ms:.4f}", b_over_a=f"{b_ms / a_ms:.3f}",

@@ -6,7 +6,8 @@
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
 batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Times are medians
 of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built once, cached,
-as its users do) and its ``create_block_mask`` time are separate rows. ``peak_mb`` is
+as its users do) and its ``create_block_mask`` time are separate rows. Each system is timed from
+the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``). ``peak_mb`` is
 ``torch.cuda.max_memory_allocated`` during one call beyond the memory held before it (the
 inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
 Rows append to ``benchmarks/results/<gpu-name>.csv`` (one row per variant, config, system).
@@ -28,6 +29,7 @@ import csv
 import functools
 import os
 import sys
+import time
 
 import torch
 import triton
@@ -121,17 +123,6 @@ def _gqa_wrap(fn):
     return gqa
 
 
-def warm_up_gpu(seconds: float = 3.0) -> None:
-    """Run matrix products for a few seconds so clocks are up before the first autotuning."""
-    import time
-
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    end = time.time() + seconds
-    while time.time() < end:
-        a @ a
-    torch.cuda.synchronize()
-
-
 def medians(call) -> tuple[float, float]:
     """(``do_bench`` median, CUDA-graph replay median) of ``call``, ms: the second leaves out the
     host time between launches (for probes of calls that may be host-bound)."""
@@ -142,7 +133,22 @@ def medians(call) -> tuple[float, float]:
     return bench, graph
 
 
+REST_S, SETTLE_MS, TIMED_MS = 0.2, 250, 100
+
+
+def settled_ms(call) -> float:
+    """``do_bench`` median of ``call`` (ms), every call timed from the same state: the GPU
+    rests ``REST_S``, runs the call back to back for ``SETTLE_MS`` (its clock settles at what
+    the call's power draw allows at the H200's 700 W limit) and is timed ``TIMED_MS`` more.
+    Without the rest, a call timed right after a hotter one ran at a recovering clock for up to
+    400 ms (benchmarks/NOTES.md, eighth session)."""
+    torch.cuda.synchronize()
+    time.sleep(REST_S)
+    return triton.testing.do_bench(call, warmup=SETTLE_MS, rep=TIMED_MS, return_mode="median")
+
+
 def measure(call) -> tuple[float, float]:
+    """(``settled_ms``, peak memory beyond the inputs in MB) of ``call``."""
     call()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -150,8 +156,7 @@ def measure(call) -> tuple[float, float]:
     call()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-    return ms, peak
+    return settled_ms(call), peak
 
 
 def tuned_configs() -> str:
@@ -195,7 +200,6 @@ def result_rows(out_path: str, resume: bool = False):
     resuming (all of them otherwise)."""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     done = rows_done(out_path) if resume else set()
-    warm_up_gpu()
     new = not os.path.exists(out_path)
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "a", newline="") as f:

@@ -1,6 +1,7 @@
 """The whole benchmark suite in one command: CSV, speedup plot and summary table.
 
     PYTHONPATH=. python benchmarks/suite.py [--resume] [--plot-only] [--out-dir benchmarks/results]
+    PYTHONPATH=. python benchmarks/suite.py --only softmax --seqlens 16384   # a part, kept beside the rest
 
 Runs, on the GPU it finds (bf16, ``bench_attention.py``'s method and configs):
 
@@ -17,7 +18,9 @@ torch and Triton versions in every row), ``suite_<gpu>.png`` (speedup of fxflash
 other system per variant and seqlen, log scale; FlexAttention with its mask build counted
 is ``flex+mask``) and ``suite_<gpu>.md`` (the same ratios as a table). ``--resume`` keeps
 the rows already in the CSV and runs only the missing ones (a run cut short goes on where it
-stopped); ``--plot-only`` redraws from the CSV.
+stopped); ``--only FAMILY …`` (and ``--seqlens`` for the softmax family) runs a part of the
+suite and keeps the CSV's other rows, for machines that lend a GPU in short calls (each
+family then measured whole within one call); ``--plot-only`` redraws from the CSV.
 """
 from __future__ import annotations
 
@@ -34,6 +37,27 @@ BEYOND = ["diff_attention", "evoformer_row", "sigmoid_attention", "relu_attentio
 BEYOND_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 SEQLENS = [1024, 4096, 16384]
 OTHERS = ["eager", "torch_compile", "flex_kernel", "flex+mask", "sdpa"]
+
+
+def _beyond(variants, seqlens):
+    def run_family(out, _softmax_seqlens):
+        from bench_attention import run_beyond
+        run_beyond(variants, seqlens, out, resume=True)
+    return run_family
+
+
+def _softmax(out, seqlens):
+    from bench_attention import run
+    run(SOFTMAX, seqlens, [False, True], out, resume=True)
+
+
+# The suite's parts, in the order one run measures them: run_family(csv path, softmax seqlens)
+FAMILIES = {
+    "softmax": _softmax,
+    "diff_attention": _beyond(["diff_attention"], BEYOND_SEQLENS),
+    "evoformer_row": _beyond(["evoformer_row"], [0]),
+    "non_softmax": _beyond(["sigmoid_attention", "relu_attention"], SEQLENS),
+}
 
 
 def case_label(row: dict) -> str:
@@ -122,6 +146,8 @@ def main() -> None:
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV")
     parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=FAMILIES, help="run these families, keep the CSV's other rows")
+    parser.add_argument("--seqlens", nargs="+", type=int, help=f"softmax family's seqlens (default {SEQLENS})")
     opts = parser.parse_args()
     if opts.plot_only:
         paths = [os.path.join(opts.out_dir, n) for n in os.listdir(opts.out_dir)
@@ -131,16 +157,12 @@ def main() -> None:
         return
     import torch
 
-    from bench_attention import run, run_beyond
-
     name = torch.cuda.get_device_name().replace(" ", "_")
     out = os.path.join(opts.out_dir, f"suite_{name}.csv")
-    if not opts.resume and os.path.exists(out):
+    if not (opts.resume or opts.only) and os.path.exists(out):
         os.remove(out)
-    run(SOFTMAX, SEQLENS, [False, True], out, resume=True)
-    run_beyond(["diff_attention"], BEYOND_SEQLENS, out, resume=True)
-    run_beyond(["evoformer_row"], [0], out, resume=True)
-    run_beyond(["sigmoid_attention", "relu_attention"], SEQLENS, out, resume=True)
+    for family in opts.only or FAMILIES:
+        FAMILIES[family](out, opts.seqlens or SEQLENS)
     write_outputs(out)
 
 

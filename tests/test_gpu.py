@@ -163,4 +163,5 @@ def test_tuning_is_timed_once_and_read_back_by_a_new_process(tmp_path):
     assert [h["from_disk"] for h in first] == [False] and "fxflash: tuning" in runs[0].stderr
     assert [h["from_disk"] for h in second] == [True] and "fxflash: tuning" not in runs[1].stderr
     assert first[0]["config"] == second[0]["config"]
+    assert len(first[0]["ms"]) > 1 and all(ms > 0 for ms in first[0]["ms"].values())   # interleaved medians
     assert (tmp_path / "tuning.json").exists()

@@ -1,6 +1,7 @@
 """The tile tuner (codegen/tuning.py): picks the fastest candidate, remembers it on disk, reads
 it back in a fresh process, and never lets a bad cache file or a failing tile change a result."""
 import json
+import statistics
 
 import pytest
 import torch
@@ -17,10 +18,15 @@ FRAME = [4, 16, 1000, 1000]
 
 
 class FakeGPU:
-    """``run(tile)`` records launches; ``timer(fn)`` runs fn and returns the tile's table time."""
+    """``run(tile)`` records launches; the clock (``time(fn)``, ``hold(n)``, as
+    tuning.CudaClock) runs fn and gives the tile's table time, times ``drift ** launches so
+    far`` (a GPU whose clock slows down while it is timed); from the ``SETTLED``-th launch of
+    one tile in a row, its ``sustained`` time where given (a GPU at its power limit)."""
 
-    def __init__(self, times=TIMES, failing=()):
-        self.times, self.failing = times, set(failing)
+    SETTLED = 50
+
+    def __init__(self, times=TIMES, failing=(), drift=1.0, sustained=None):
+        self.times, self.failing, self.drift, self.sustained = times, set(failing), drift, sustained or {}
         self.launched, self.timed = [], 0
 
     def run(self, tile):
@@ -28,10 +34,20 @@ class FakeGPU:
             raise RuntimeError("out of resources: shared memory")
         self.launched.append(tile)
 
-    def timer(self, fn):
-        self.timed += 1
+    def time(self, fn):
         fn()
-        return self.times[self.launched[-1]]
+        tile = self.launched[-1]
+        in_a_row = next((i for i, t in enumerate(reversed(self.launched)) if t != tile), len(self.launched))
+        table = self.sustained if in_a_row >= self.SETTLED and tile in self.sustained else self.times
+        ms = table[tile] * self.drift ** self.timed
+        self.timed += 1
+        return lambda: ms
+
+    def hold(self, launches):
+        pass
+
+    def rest(self, ms):
+        self.launched.append(None)   # what ran before no longer heats the GPU
 
 
 @pytest.fixture
@@ -44,17 +60,20 @@ def fresh(tmp_path, monkeypatch):
     tuning.forget()
 
 
-def choose(gpu, frame=FRAME, dtypes=(torch.bfloat16,) * 3, device="H200 sm90", capturing=False):
-    return tuning.choose("fxflash_region", SOURCE, CANDIDATES, dtypes, device, frame, gpu.run, gpu.timer,
+def choose(gpu, frame=FRAME, dtypes=(torch.bfloat16,) * 3, device="H200 sm90", capturing=False,
+           candidates=CANDIDATES):
+    return tuning.choose("fxflash_region", SOURCE, candidates, dtypes, device, frame, gpu.run, gpu,
                          capturing=capturing)
+
 
 
 def test_picks_the_fastest_and_a_fresh_process_reads_it_from_disk(fresh):
     gpu = FakeGPU()
     assert choose(gpu) == (128, 128, 8, 3)
-    assert gpu.timed == len(CANDIDATES) * tuning.ROUNDS
     data = json.loads((fresh / "tuning.json").read_text())
     (key, entry), = data["entries"].items()
+    assert tuning.MIN_ROUNDS <= entry["rounds"] <= tuning.MAX_ROUNDS and gpu.timed > 0
+    assert entry["sustained_ms"] == {}   # no other candidate within CONTENDER_MARGIN of the fastest
     assert entry["config"] == [128, 128, 8, 3] and entry["kernel"] == "fxflash_region"
     assert set(entry["ms"]) == {"x".join(map(str, t)) for t in CANDIDATES}
     assert (fresh / "tuning.json").stat().st_mode & 0o077 == 0
@@ -76,7 +95,55 @@ def test_key_has_size_bucket_dtypes_and_device(fresh):
     gpu = FakeGPU()
     choose(gpu)
     choose(gpu, frame=[4, 16, 3000, 3000])            # another bucket: timed again
-    assert gpu.timed == 2 * len(CANDIDATES) * tuning.ROUNDS
+    assert len(json.loads((fresh / "tuning.json").read_text())["entries"]) == 2
+
+
+def test_interleaved_rounds_pick_the_fastest_on_a_drifting_clock(fresh):
+    """The GPU slows by 0.5 % per launch while it is timed. Timed one candidate after another
+    (all of the slowest's samples first), the slowest would look fastest; interleaved rounds
+    expose every candidate to the same drift."""
+    order = [(128, 64, 4, 3), (64, 64, 4, 2), (128, 128, 8, 3)]   # slowest first, fastest last
+    gpu = FakeGPU(drift=1.005)
+    assert choose(gpu, candidates=order) == (128, 128, 8, 3)
+    rounds = json.loads((fresh / "tuning.json").read_text())["entries"].popitem()[1]["rounds"]
+    blocks, medians = FakeGPU(drift=1.005), {}
+    for tile in order:  # the same number of samples, one candidate after another
+        times = tuning.interleaved_samples({tile: lambda tile=tile: blocks.run(tile)}, blocks, rounds)[tile]
+        medians[tile] = statistics.median(times)
+    assert min(medians, key=medians.get) == order[0]
+
+
+def test_contenders_are_decided_by_their_sustained_time(fresh):
+    """At full clock 64×64 is 3 % ahead; run continuously (a GPU at its power limit) it is 5 %
+    behind: the sustained time decides. The slowest candidate, 25 % behind, is not run sustained."""
+    quick = {(128, 64, 4, 3): 1.03, (128, 128, 8, 3): 1.25, (64, 64, 4, 2): 1.00}
+    sustained = {(128, 64, 4, 3): 1.05, (64, 64, 4, 2): 1.10}
+    gpu = FakeGPU(times=quick, sustained=sustained)
+    assert choose(gpu) == (128, 64, 4, 3)
+    entry, = json.loads((fresh / "tuning.json").read_text())["entries"].values()
+    assert entry["sustained_ms"] == {"128x64x4x3": 1.05, "64x64x4x2": 1.10}
+    assert tuning.contenders_of(quick) == [(64, 64, 4, 2), (128, 64, 4, 3)]
+
+
+def test_rounds_rotate_so_no_candidate_always_goes_first():
+    firsts = []
+
+    class Recorder(FakeGPU):
+        def hold(self, launches):
+            self.held = True
+
+        def time(self, fn):
+            if getattr(self, "held", False):
+                firsts.append(fn)
+                self.held = False
+            return super().time(fn)
+
+    gpu = Recorder()
+    runs = {tile: (lambda tile=tile: gpu.run(tile)) for tile in CANDIDATES}
+    samples = tuning.interleaved_samples(runs, gpu, rounds=6)
+    assert {tile: len(times) for tile, times in samples.items()} == {tile: 6 for tile in CANDIDATES}
+    assert firsts == [runs[t] for t in CANDIDATES] * 2
+    assert tuning.rounds_for([1000.0]) == tuning.MIN_ROUNDS and tuning.rounds_for([1e-6]) == tuning.MAX_ROUNDS
 
 
 def test_stale_entry_and_corrupt_file_are_timed_again(fresh):

@@ -1017,12 +1017,13 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). The 64-row tiles keep several programs per SM
 # busy when each has only a few key tiles to visit (the Evoformer's 256 keys: 64×64 with 2
 # stages at head dim 128 measured 12 % faster than the tuner's earlier pick,
-# benchmarks/results/logs/probe_edits_H200.log). 64×64 with 3 stages is not a candidate at
-# head dim 64, although it is 4 % faster for the Evoformer: the tuner picked it over 128×64
-# (8 warps) where it is 3–5 % slower (vanilla, ALiBi, causal at 4k and 16k;
-# benchmarks/results/logs/tuner_bias_H200.log).
+# benchmarks/results/logs/probe_edits_H200.log; with 3 stages at head dim 64, 4 % for the
+# Evoformer and 12 % for the document mask at 16k). 64×64 with 3 stages is faster at full clock
+# for vanilla and causal too, but slower sustained (it draws more power per unit of work); the
+# tuner's sustained runs pick 128×64 there (benchmarks/results/logs/probe_tuner_rest_H200.log).
 TILE_CONFIGS = (
-    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2), (64, 64, 4, 2), (64, 128, 4, 2)]),
+    (64, [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2), (64, 64, 4, 2), (64, 128, 4, 2),
+          (64, 64, 4, 3)]),
     (128, [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 2)]),
     (256, [(64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2)]),
 )

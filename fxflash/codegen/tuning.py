@@ -3,12 +3,27 @@
 A fused kernel has a few candidate configurations ``(BLOCK_M, BLOCK_N, num_warps,
 num_stages)``: ``plan.configs``, already pruned by shared memory and registers
 (``emit.tile_configs``). At the first launch for a problem size each candidate is compiled
-and timed, in two interleaved rounds (``triton.testing.do_bench`` medians; a candidate's time
-is the smaller of its two medians, so one disturbed round does not decide), and the fastest
-is kept
+(concurrently) and launched once, then timed in two steps, each launch after an L2 flush and
+timed by CUDA events:
+
+1. *Interleaved rounds* at full clock: in each round every candidate runs once, the rounds
+   rotating their order, after a short GPU sleep (so the queued launches run back to back and
+   the GPU stays below its power limit). This ranks the kernels, not the moment each was timed.
+2. *Sustained runs* of the contenders (within ``CONTENDER_MARGIN`` of the fastest): each,
+   after the GPU rested ``REST_MS`` (every contender starts from the same cool state: one
+   that follows a hotter kernel would otherwise be timed while the clock recovers, which
+   takes up to 400 ms), runs back to back for ``SETTLE_MS``, then ``MEASURE_MS`` more are
+   timed. A heavy attention
+   kernel run continuously holds an H200 at its power limit, where the clock depends on the
+   kernel's own power draw: 64×64 tiles with 3 stages are 2.5 % faster than 128×64 at full
+   clock but 4.5 % slower sustained (1 780 vs 1 906 MHz; benchmarks/NOTES.md, eighth session).
+   The contender with the smallest sustained median is kept
 
 * in memory, for this process;
 * in ``<kernel cache dir>/tuning.json``, so another process launches it with no timing.
+
+(Timing candidates one after another with ``do_bench``, as this tuner did before, ordered
+them partly by when each was timed: the first ones ran while the GPU was still cool.)
 
 The key is the kernel source's hash (region structure and printed dtypes; Triton and torch
 versions, ``cache.source_key``), the input dtypes, the device (name and compute capability)
@@ -29,6 +44,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -43,9 +59,13 @@ from .cache import cache_dir, source_key
 
 log = logging.getLogger("fxflash")
 
-FORMAT_VERSION = 1
-ROUNDS = 2
-WARMUP_MS, REP_MS = 5, 25   # do_bench's warm-up and measuring time per candidate and round
+FORMAT_VERSION = 2          # 1: picks by sequential do_bench timing (misordered some tiles)
+SAMPLE_MS = 50              # GPU time spent timing each candidate, split over the rounds
+MIN_ROUNDS, MAX_ROUNDS = 10, 100
+CONTENDER_MARGIN = 0.10     # within 10 % of the fastest at full clock: timed sustained
+MAX_CONTENDERS = 3
+REST_MS, SETTLE_MS, MEASURE_MS = 200, 250, 100   # a contender's rest, sustained run, timed launches
+MAX_SETTLE_LAUNCHES, MAX_MEASURED_LAUNCHES = 1000, 200
 
 Tile = tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 
@@ -54,7 +74,8 @@ _chosen: dict[str, Tile] = {}     # key → configuration, this process
 _disk: dict | None = None         # tuning.json's entries, read once
 _pinned: list[Tile] = []          # configurations forced by pinned() (benchmark sweeps)
 _epoch = 0                        # bumped by forget(): what was decided before is stale
-history: list[dict] = []          # one record per tuning or disk hit, for reports and benchmarks
+history: list[dict] = []          # one record per tuning or disk hit (when timed, with the medians
+                                  # of tuning.json's entry), for reports and benchmarks
 
 
 def tuning_file() -> str:
@@ -155,17 +176,90 @@ def state() -> tuple:
     return (_epoch, config.autotune)
 
 
-def bench_ms(run: Callable[[], None]) -> float:
-    return triton.testing.do_bench(run, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+class CudaClock:
+    """Times launches on the current CUDA stream. ``time(fn)`` flushes the L2 cache (as
+    ``triton.testing.do_bench`` does), records an event, launches, records another, and returns
+    a function that waits for the second and gives the milliseconds between them. ``hold(n)``
+    keeps the GPU busy for about n launches' host time, so that the launches queued behind it
+    start back to back and no event pair times the host. ``rest(ms)`` lets it idle."""
+
+    FLUSH_BYTES = 256 * 2**20
+    HOST_MS_PER_LAUNCH = 0.2
+    CYCLES_PER_MS = 2_000_000   # ≈ an H100/H200 SM clock; only the order of magnitude matters
+
+    def __init__(self):
+        self.flush = torch.empty(self.FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def hold(self, launches: int) -> None:
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(int(launches * self.HOST_MS_PER_LAUNCH * self.CYCLES_PER_MS))
+
+    def rest(self, ms: float) -> None:
+        torch.cuda.synchronize()
+        time.sleep(ms / 1e3)
+
+    def time(self, fn: Callable[[], None]) -> Callable[[], float]:
+        self.flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+
+        def elapsed() -> float:
+            end.synchronize()
+            return start.elapsed_time(end)
+        return elapsed
+
+
+def interleaved_samples(runs: dict, clock, rounds: int) -> dict[Tile, list[float]]:
+    """``rounds`` timings of each ``runs[tile]()``: round r launches every candidate once,
+    starting at the r-th (so no candidate is always first after the hold or last before the
+    next), all queued before any is read."""
+    tiles = list(runs)
+    pending: dict[Tile, list] = {tile: [] for tile in tiles}
+    for r in range(rounds):
+        clock.hold(len(tiles))
+        shift = r % len(tiles)
+        for tile in tiles[shift:] + tiles[:shift]:
+            pending[tile].append(clock.time(runs[tile]))
+    return {tile: [elapsed() for elapsed in reads] for tile, reads in pending.items()}
+
+
+def sustained_median(run: Callable[[], None], clock, estimate_ms: float) -> float:
+    """The median time of ``run`` launched back to back after the GPU rested ``REST_MS``:
+    first for about ``SETTLE_MS`` (the power limiter settles on this kernel's draw; results
+    dropped), then ``MEASURE_MS`` more."""
+    typical = max(estimate_ms, 1e-3)
+    clock.rest(REST_MS)
+    for _ in range(max(1, min(MAX_SETTLE_LAUNCHES, round(SETTLE_MS / typical)))):
+        clock.time(run)
+    reads = [clock.time(run) for _ in range(max(MIN_ROUNDS, min(MAX_MEASURED_LAUNCHES, round(MEASURE_MS / typical))))]
+    return statistics.median(elapsed() for elapsed in reads)
+
+
+def contenders_of(medians: dict) -> list:
+    """The candidates within ``CONTENDER_MARGIN`` of the fastest, fastest first (at most
+    ``MAX_CONTENDERS``)."""
+    fastest = min(medians.values())
+    ranked = sorted((t for t, ms in medians.items() if ms <= fastest * (1 + CONTENDER_MARGIN)), key=medians.get)
+    return ranked[:MAX_CONTENDERS]
+
+
+def rounds_for(estimates_ms) -> int:
+    """Rounds that spend about ``SAMPLE_MS`` timing each candidate (the median candidate)."""
+    typical = max(statistics.median(estimates_ms), 1e-3)
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, round(SAMPLE_MS / typical)))
 
 
 def choose(name: str, source: str, candidates, dtypes, device: str, frame,
-           run: Callable[[Tile], None], timer: Callable = bench_ms, capturing: bool = False,
+           run: Callable[[Tile], None], clock=None, capturing: bool = False,
            device_index: int | None = None) -> Tile:
     """The configuration to launch ``name`` with for sizes ``frame`` = [*batch, M, N].
 
-    ``run(tile)`` launches the kernel once with ``tile``; ``timer(fn)`` returns milliseconds.
-    With the CUDA ``device_index``, every candidate is first compiled concurrently.
+    ``run(tile)`` launches the kernel once with ``tile``; ``clock`` times launches (a
+    ``CudaClock`` unless given: ``time(fn)`` and ``hold(n)``). With the CUDA ``device_index``,
+    every candidate is first compiled concurrently.
     Order: this process's choice; tuning.json's; otherwise time every
     candidate (when tuning is on and no CUDA graph is being captured) or take the first."""
     candidates = [tuple(c) for c in candidates]
@@ -180,15 +274,15 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
         if tile is not None:
             history.append(dict(kernel=name, key=key, config=tile, seconds=0.0, from_disk=True))
         else:
-            tile = _tune(name, key, candidates, frame, run, timer, device_index)
+            tile = _tune(name, key, candidates, frame, run, clock or CudaClock(), device_index)
         _chosen[key] = tile
     return tile
 
 
 def _compile_all(candidates, run, device_index) -> None:
     """Launch every candidate once, from a thread each: their compilations overlap (the
-    compiler's own passes and ptxas run outside Python). Errors are left to the timing
-    rounds, which launch each candidate again and record what fails."""
+    compiler's own passes and ptxas run outside Python). Errors are left to the first
+    launches in this thread, which record what fails."""
     def first_launch(tile):
         with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
             run(tile)
@@ -199,33 +293,35 @@ def _compile_all(candidates, run, device_index) -> None:
                 future.result()
 
 
-def _tune(name, key, candidates, frame, run, timer, device_index) -> Tile:
+def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     start = time.perf_counter()
-    progress = _Progress(name, frame, len(candidates) * ROUNDS)
+    progress = _Progress(name, frame, len(candidates) + 1)
     if device_index is not None:
         _compile_all(candidates, run, device_index)
-    times: dict[Tile, float] = {}
     failures: dict[Tile, str] = {}
-    for _ in range(ROUNDS):
-        for tile in candidates:
-            if tile in failures:
-                progress.step(tile)
-                continue
-            try:
-                ms = timer(lambda tile=tile: run(tile))
-            except Exception as exc:  # this tile does not compile or launch here (resources)
-                failures[tile] = f"{type(exc).__name__}: {exc}"
-                log.debug("fxflash: %s cannot run with %s: %s", name, describe(tile), exc)
-            else:
-                times[tile] = min(ms, times.get(tile, math.inf))
-            progress.step(tile)
-    if not times:
+    estimates: dict[Tile, float] = {}
+    for tile in candidates:  # one timed launch each: what fails here, and how long each takes
+        try:
+            estimates[tile] = clock.time(lambda tile=tile: run(tile))()
+        except Exception as exc:  # this tile does not compile or launch here (resources)
+            failures[tile] = f"{type(exc).__name__}: {exc}"
+            log.debug("fxflash: %s cannot run with %s: %s", name, describe(tile), exc)
+        progress.step(tile)
+    if not estimates:
         raise RuntimeError(f"fxflash: no tile configuration of {name} runs on this device: {failures}")
-    best = min(times, key=times.get)
+    rounds = rounds_for(list(estimates.values()))
+    samples = interleaved_samples({tile: (lambda tile=tile: run(tile)) for tile in estimates}, clock, rounds)
+    medians = {tile: statistics.median(times) for tile, times in samples.items()}
+    contenders = contenders_of(medians)
+    sustained = {} if len(contenders) == 1 else {
+        tile: sustained_median(lambda tile=tile: run(tile), clock, medians[tile]) for tile in contenders}
+    best = min(sustained, key=sustained.get) if sustained else contenders[0]
     seconds = time.perf_counter() - start
+    progress.step(best)
     progress.done(best, seconds)
-    entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame],
-                 ms={"x".join(map(str, t)): round(ms, 5) for t, ms in times.items()},
+    ms = {"x".join(map(str, t)): round(m, 5) for t, m in medians.items()}
+    entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame], rounds=rounds, ms=ms,
+                 sustained_ms={"x".join(map(str, t)): round(m, 5) for t, m in sustained.items()},
                  failed=sorted("x".join(map(str, t)) for t in failures), seconds=round(seconds, 3),
                  triton=triton.__version__)
     try:
@@ -233,7 +329,8 @@ def _tune(name, key, candidates, frame, run, timer, device_index) -> Tile:
     except OSError as exc:
         warnings.warn(f"fxflash: could not write the tuning cache ({exc}); the choice is kept for this "
                       "process only", RuntimeWarning, stacklevel=2)
-    history.append(dict(kernel=name, key=key, config=best, seconds=seconds, from_disk=False))
+    history.append(dict(kernel=name, key=key, config=best, seconds=seconds, from_disk=False, ms=ms,
+                        sustained_ms=entry["sustained_ms"]))
     return best
 
 
