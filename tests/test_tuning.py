@@ -157,12 +157,13 @@ def test_stale_entry_and_corrupt_file_are_timed_again(fresh):
     gpu = FakeGPU()
     assert choose(gpu) == (128, 128, 8, 3) and gpu.timed > 0
 
-    path.write_text("{ not json")
-    tuning.forget()
-    with pytest.warns(RuntimeWarning, match="ignoring the tuning cache"):
-        assert choose(FakeGPU()) == (128, 128, 8, 3)
-    assert (fresh / "tuning.json.bad").exists()
-    assert json.loads(path.read_text())["version"] == tuning.FORMAT_VERSION
+    for unreadable in ("{ not json", json.dumps(dict(data, version=1))):   # version 1: an earlier tuner's picks
+        path.write_text(unreadable)
+        tuning.forget()
+        with pytest.warns(RuntimeWarning, match="ignoring the tuning cache"):
+            assert choose(FakeGPU()) == (128, 128, 8, 3)
+        assert (fresh / "tuning.json.bad").read_text() == unreadable
+        assert json.loads(path.read_text())["version"] == tuning.FORMAT_VERSION
 
 
 def test_failing_tiles_are_skipped_and_all_failing_is_an_error(fresh):
