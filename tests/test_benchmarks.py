@@ -38,7 +38,9 @@ def test_speedups_table_and_plot(tmp_path):
 
 def test_probe_edits_keep_each_kernel_s_result():
     """Each of probe_edits' hand edits of a printed kernel computes what the printed kernel
-    computes (interpreter, fp32): the probe compares timings of equal programs."""
+    computes (interpreter, fp32): the probe compares timings of equal programs. An edit that
+    stands for one of several programs (``half_dv``) computes its part: the first half of
+    each head's Dv (the Evoformer's output ends in the head dim)."""
     import torch
 
     import fxflash
@@ -62,4 +64,5 @@ def test_probe_edits_keep_each_kernel_s_result():
         source = edit(printed)  # raises if it finds nothing to change
         assert source != printed
         probe_edits.swap_kernel(entry, source)
-        torch.testing.assert_close(fast(*evo), printed_out, rtol=1e-5, atol=1e-5)
+        part = ... if getattr(edit, "programs", 1) == 1 else (..., slice(0, D // 2))
+        torch.testing.assert_close(fast(*evo)[part], printed_out[part], rtol=1e-5, atol=1e-5)

@@ -246,6 +246,11 @@ def test_tile_configs_fit_shared_memory():
 
     assert all(bm * 128 * 4 < 220 * 1024 for bm, *_ in tile_configs(80, 48, 4))
     assert tile_configs(64, 64, 2)[0] == (128, 64, 4, 3)
+    # two streams of head dim 128 with Dv 128: 128×64/8 warps/3 stages needs 208 KB, beyond the
+    # default tile's margin, within the tight one: a later candidate, never the default
+    split = tile_configs(128, 128, 2, streams=2, accumulators=2)
+    assert split[0] != (128, 64, 8, 3) and (128, 64, 8, 3) in split
+    assert (128, 64, 8, 3) not in tile_configs(128, 256, 2, streams=2, accumulators=2)  # 256 KB
 
 
 def test_expanded_gqa_keys_are_read_in_place_not_copied():
@@ -285,6 +290,21 @@ def test_diff_transformers_rmsnorm_runs_in_the_epilogue():
     assert "rsqrt" not in report.rewritten.code and "mean" not in report.rewritten.code
     assert "tl.sum(tl.where(dvc < DV" in report.regions[0].source  # the RMS over Dv, in one tile
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_wide_output_is_split_between_programs(dtype):
+    """Two P·V accumulators 256 columns wide (differential attention, V 200 wide) exceed
+    ``DV_SPLIT_COLUMNS``: each row tile runs as two programs, each recomputing the scores for its
+    half of Dv (the second half's columns past 200 masked). The Diff Transformer's per-head
+    RMSNorm needs a whole row of the output in one program: not split."""
+    shape = dataclasses.replace(SHAPES["odd"], Dv=100)  # V holds pairs of heads: 200 wide
+    for name, split in (("diff_attention", True), ("diff_transformer", False)):
+        variant = VARIANTS[name]
+        args = variant.inputs(shape, dtype)
+        (region,) = fxflash.explain(variant.fn, *args).regions
+        assert region.fused and ("dvb = pid % 2" in region.source) == split
+        assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
 def test_differential_attention_with_lambda_computed_from_parameters():

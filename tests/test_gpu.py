@@ -118,16 +118,22 @@ def test_tensors_on_different_devices_raise_eagers_error():
         fxflash.optimize(VARIANTS["vanilla"].fn)(q, k.cpu(), v)
 
 
-@pytest.mark.parametrize("name", ["causal", "document_mask", "diff_attention", "evoformer_row"])
+CANDIDATE_SHAPES = {  # the odd shape unless named; the split's: V 256 wide, two programs per row tile
+    "document_mask": Shape(B=2, H=4, Hkv=2, M=333, N=333, D=80, Dv=48),
+    "diff_attention_split": Shape(B=1, H=4, Hkv=4, M=300, N=333, D=128, Dv=128),
+}
+
+
+@pytest.mark.parametrize("name", ["causal", "document_mask", "diff_attention", "diff_attention_split",
+                                  "evoformer_row"])
 def test_every_candidate_tile_on_gpu(name):
     """Every configuration the tuner may pick compiles on this GPU and keeps eager's accuracy."""
     from fxflash.codegen import tuning
 
-    variant = VARIANTS[name]
-    args = variant.inputs(SHAPES["odd"] if name != "document_mask" else Shape(B=2, H=4, Hkv=2, M=333, N=333,
-                                                                                D=80, Dv=48),
-                          torch.bfloat16, "cuda")
+    variant = VARIANTS[name.removesuffix("_split")]
+    args = variant.inputs(CANDIDATE_SHAPES.get(name, SHAPES["odd"]), torch.bfloat16, "cuda")
     (region,) = fxflash.explain(variant.fn, *args).regions
+    assert ("dvb = pid % 2" in region.source) == name.endswith("_split")
     fast = fxflash.optimize(variant.fn)
     for tile in region.configs:
         with tuning.pinned(tile):

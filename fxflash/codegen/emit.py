@@ -61,6 +61,7 @@ class KernelPlan:
                                     # (None: contiguous, stored without strides)
     summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
                              # that axis the launch computes for its BLOCK_N ("summary" args)
+    dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -112,9 +113,10 @@ def _pow2(n: int) -> int:
 
 
 class _Printer:
-    def __init__(self, region: Region, name: str):
+    def __init__(self, region: Region, name: str, dv_split: int = 1):
         self.r = region
         self.name = name
+        self.dv_split = dv_split
         self.pre: list[str] = []
         self.loop: list[str] = []
         self.post: list[str] = []
@@ -497,8 +499,10 @@ class _Printer:
             self.param(f"FB{i}", ("frame", i))
         self.param("M", ("frame", fb))
         self.param("N", ("frame", fb + 1))
+        self.pre.append("pid = tl.program_id(0)")
+        if self.dv_split > 1:  # the parts of one row tile run side by side, sharing its K/V tiles in L2
+            self.pre += [f"dvb = pid % {self.dv_split}", f"pid = pid // {self.dv_split}"]
         self.pre += [
-            "pid = tl.program_id(0)",
             "n_mt = tl.cdiv(M, BLOCK_M)",
             "mt = n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "mt = pid % n_mt",
             "lin = pid // n_mt",
@@ -510,7 +514,7 @@ class _Printer:
             "offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)",
             f"{ROW} = offs_m[:, None]",
             "offs_d = tl.arange(0, DP)",
-            "offs_dv = tl.arange(0, DVP)",
+            f"offs_dv = {self.dv_tile}" if self.dv_split == 1 else f"offs_dv = dvb * {self.dv_width} + {self.dv_tile}",
             f"{DVC} = offs_dv[None, :]",
         ]
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
@@ -553,7 +557,7 @@ class _Printer:
         self.loop += _scaled("v", r.v)
         self.term_factors = [deferred_constant(self.vars[node], r.v.node.meta["val"].dtype) for _, node, _ in terms]
         for t, (_, node, form) in enumerate(terms):
-            self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, DVP], tl.float32)")
+            self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, {self.dv_width}], tl.float32)")
             p_tile = f"tl.where(col_ok, {self.term_factors[t][0]}, 0.0).to({v_elem})"
             if form.scale is not None:
                 self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
@@ -570,7 +574,16 @@ class _Printer:
                           side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
                           partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
-                          summaries=tuple(self.summaries))
+                          summaries=tuple(self.summaries), dv_split=self.dv_split)
+
+    @property
+    def dv_width(self) -> str:
+        """The Dv columns one program holds: all of them (``DVP``) or its part of a split."""
+        return "DVP" if self.dv_split == 1 else f"(DVP // {self.dv_split})"
+
+    @property
+    def dv_tile(self) -> str:
+        return f"tl.arange(0, {self.dv_width})"
 
     def partner_scores(self, j: int, partner, precision: str) -> None:
         """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
@@ -1029,8 +1042,13 @@ TILE_CONFIGS = (
 )
 
 
-SHARED_MEMORY_BUDGET = 220 * 1024   # bytes; Hopper has 227 KB per block
-SHARED_MEMORY_SLACK = 1.2           # Triton's own buffers beyond the operand tiles
+# Shared memory per program, (streams·BLOCK_M·D + stages·BLOCK_N·(streams·D + Dv)) · bytes, times a
+# slack for Triton's own buffers. The default tile (the first candidate, launched untimed where
+# tuning is off) keeps a wide margin; further candidates need only fit a tight one: a tile
+# that then does not compile is recorded by the tuner and skipped. (128×64 tiles, 8 warps,
+# 3 stages for differential attention's halves of Dv = 256: 208 KB by the formula, compiles
+# on an H200 and is the fastest, benchmarks/results/logs/probe_edits_half_dv_H200.log.)
+SHARED_MEMORY = {"default": (1.2, 220 * 1024), "further": (1.05, 227 * 1024)}  # (slack, bytes)
 
 
 REGISTER_BUDGET = 128  # fp32 accumulator registers per thread before they spill
@@ -1038,19 +1056,44 @@ REGISTER_BUDGET = 128  # fp32 accumulator registers per thread before they spill
 
 def tile_configs(d: int, dv: int, elem_bytes: int = 2, streams: int = 1, accumulators: int = 1) -> list:
     """Candidate tiles for head dims d, dv: each stream's Q tile once, its K tile and the V tile
-    per pipeline stage must fit in shared memory, and the ``accumulators`` [BLOCK_M, Dv] fp32
-    tiles in registers (8 warps where 4 would spill); the smallest tile if none fits."""
+    per pipeline stage must fit in shared memory (``SHARED_MEMORY``: the tiles that fit its
+    default margin first, in table order, then those that fit only the tight one), and the
+    ``accumulators`` [BLOCK_M, Dv] fp32 tiles in registers (8 warps where 4 would spill); the
+    smallest tile if none fits."""
     size = max(d, dv)
     dp, dvp = _pow2(d), _pow2(dv)
-    fitting = []
+    fitting: dict[str, list] = {margin: [] for margin in SHARED_MEMORY}
     for bm, bn, w, st in next(c for limit, c in TILE_CONFIGS if size <= limit):
-        shared = (streams * bm * dp + st * bn * (streams * dp + dvp)) * elem_bytes * SHARED_MEMORY_SLACK
+        shared = (streams * bm * dp + st * bn * (streams * dp + dvp)) * elem_bytes
         if accumulators * bm * dvp > REGISTER_BUDGET * 32 * w:
             w = 8
-        if shared <= SHARED_MEMORY_BUDGET and accumulators * bm * dvp <= REGISTER_BUDGET * 32 * w \
-                and (bm, bn, w, st) not in fitting:
-            fitting.append((bm, bn, w, st))
-    return fitting or [(32, 32, 4, 1)]
+        if accumulators * bm * dvp > REGISTER_BUDGET * 32 * w:
+            continue
+        margin = next((m for m, (slack, budget) in SHARED_MEMORY.items() if shared * slack <= budget), None)
+        if margin is not None and all((bm, bn, w, st) not in tiles for tiles in fitting.values()):
+            fitting[margin].append((bm, bn, w, st))
+    return [tile for tiles in fitting.values() for tile in tiles] or [(32, 32, 4, 1)]
+
+
+# fp32 accumulator columns (Σ over P·V terms of the Dv tile width) one program holds: above
+# it, the output's Dv is split between programs, each recomputing the scores for its part.
+# Differential attention at head dim 128 (two [BLOCK_M, 256] accumulators, which leave only
+# 64-row, 2-stage tiles): split in two, its best tile 128×64/8 warps/3 stages is 12 % (512)
+# to 21 % (16k) faster in total than the unsplit kernel (benchmarks/results/logs/
+# probe_edits_half_dv_H200.log).
+DV_SPLIT_COLUMNS = 256
+
+
+def dv_split_of(region: Region) -> int:
+    """Programs per row tile (``DV_SPLIT_COLUMNS``). Not split where a row of the output is
+    needed whole in one program: an epilogue reduction over Dv (a per-head RMSNorm) or row
+    values stored beside the output."""
+    columns = len(region.terms) * _pow2(region.Dv)
+    whole_rows = region.side_outputs or any(packet(op.target) in OUTPUT_REDUCTIONS for op in region.output_ops)
+    split = 1
+    while not whole_rows and columns // split > DV_SPLIT_COLUMNS:
+        split *= 2
+    return split
 
 
 def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> KernelPlan:
@@ -1061,8 +1104,9 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> Ke
     streams = region.split.count if region.split is not None else 1
     # further score contractions hold their Q' and K' tiles too: counted as a wider head dim
     d = region.D + sum(_pow2(p.d) for p in region.partners)
-    configs = tile_configs(d, region.Dv, elem_bytes, streams, len(region.terms))
-    return _Printer(region, name).build(kinds, region.output.meta["val"].dtype, configs)
+    dv_split = dv_split_of(region)
+    configs = tile_configs(d, _pow2(region.Dv) // dv_split, elem_bytes, streams, len(region.terms))
+    return _Printer(region, name, dv_split).build(kinds, region.output.meta["val"].dtype, configs)
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

@@ -216,7 +216,7 @@ class Launcher:
 
         def run(tile):
             bm, bn, warps, stages = tile
-            grid = (triton.cdiv(frame[-2], bm) * batch,)
+            grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
             args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides, tile_summaries(plan, inputs, bn)))
             with _launching():
                 launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
