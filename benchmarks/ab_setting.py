@@ -7,9 +7,9 @@ For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch ×
 tokens; for ``beyond``-suite variants, that suite's configs of head dim ``--head-dim`` at
 ``--seqlens``, the Evoformer's at its own sizes) fxflash is compiled twice, with the
 ``fxflash.config`` settings all False (A) and all True (B), each autotuned as usual; then A
-and B are timed alternately ``--rounds`` times
-(``bench_attention.settled_ms``: do_bench medians, each after a rest) and the median of each side is reported with B/A
-(below 1: the setting helps). Both outputs are checked against FlexAttention (softmax suite)
+and B are timed alternately ``--rounds`` times (``bench_attention.settled_ms``: do_bench
+medians, each after a rest) and the median of each side is reported with B/A (below 1: the
+setting helps). Both outputs are checked against FlexAttention (softmax suite)
 or eager (beyond suite).
 """
 from __future__ import annotations

@@ -6,10 +6,10 @@
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
 batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Times are medians
 of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built once, cached,
-as its users do) and its ``create_block_mask`` time are separate rows. Each system is timed from
-the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``). ``peak_mb`` is
-``torch.cuda.max_memory_allocated`` during one call beyond the memory held before it (the
-inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
+as its users do) and its ``create_block_mask`` time are separate rows. Each system is timed
+from the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``).
+``peak_mb`` is ``torch.cuda.max_memory_allocated`` during one call beyond the memory held
+before it (the inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
 Rows append to ``benchmarks/results/<gpu-name>.csv`` (one row per variant, config, system).
 
 The ``beyond`` suite times the programs no template expresses against eager and

@@ -10,8 +10,8 @@ nothing to change), swaps it into the registered region, checks the result again
 unedited kernel's, and times the call with each tile in ``--tiles`` (default: the kernel's
 own candidates) pinned: CUDA-graph replay medians (device time; pinned tiles take the
 unbound launch path) and the best tile per edit. An edit that stands for one of several
-programs of a wider grid (``programs`` > 1) is reported at that multiple of its time. Cases are the suite's shapes
-(``tile_sweep.case_of``). The edits are experiments: what wins is then built into
+programs of a wider grid (``programs`` > 1) is reported at that multiple of its time. Cases
+are the suite's shapes (``tile_sweep.case_of``). The edits are experiments: what wins is then built into
 ``codegen`` as a rule, with tests.
 """
 from __future__ import annotations

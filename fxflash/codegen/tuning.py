@@ -13,11 +13,11 @@ timed by CUDA events:
    after the GPU rested ``REST_MS`` (every contender starts from the same cool state: one
    that follows a hotter kernel would otherwise be timed while the clock recovers, which
    takes up to 400 ms), runs back to back for ``SETTLE_MS``, then ``MEASURE_MS`` more are
-   timed. A heavy attention
-   kernel run continuously holds an H200 at its power limit, where the clock depends on the
-   kernel's own power draw: 64×64 tiles with 3 stages are 2.5 % faster than 128×64 at full
-   clock but 4.5 % slower sustained (1 780 vs 1 906 MHz; benchmarks/NOTES.md, eighth session).
-   The contender with the smallest sustained median is kept
+   timed. A heavy attention kernel run continuously holds an H200 at its power limit, where
+   the clock depends on the kernel's own power draw: 64×64 tiles with 3 stages are 2.5 %
+   faster than 128×64 at full clock but 4.5 % slower sustained (1 780 vs 1 906 MHz;
+   benchmarks/NOTES.md, eighth session). The contender with the smallest sustained median
+   is kept
 
 * in memory, for this process;
 * in ``<kernel cache dir>/tuning.json``, so another process launches it with no timing.
@@ -258,7 +258,7 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
     """The configuration to launch ``name`` with for sizes ``frame`` = [*batch, M, N].
 
     ``run(tile)`` launches the kernel once with ``tile``; ``clock`` times launches (a
-    ``CudaClock`` unless given: ``time(fn)`` and ``hold(n)``). With the CUDA ``device_index``,
+    ``CudaClock`` unless given: ``time(fn)``, ``hold(n)``, ``rest(ms)``). With the CUDA ``device_index``,
     every candidate is first compiled concurrently.
     Order: this process's choice; tuning.json's; otherwise time every
     candidate (when tuning is on and no CUDA graph is being captured) or take the first."""
