@@ -232,9 +232,11 @@ def sustained_median(run: Callable[[], None], clock, estimate_ms: float) -> floa
     dropped), then ``MEASURE_MS`` more."""
     typical = max(estimate_ms, 1e-3)
     clock.rest(REST_MS)
-    for _ in range(max(1, min(MAX_SETTLE_LAUNCHES, round(SETTLE_MS / typical)))):
+    settle = max(1, min(MAX_SETTLE_LAUNCHES, round(SETTLE_MS / typical)))
+    measured = max(MIN_ROUNDS, min(MAX_MEASURED_LAUNCHES, round(MEASURE_MS / typical)))
+    for _ in range(settle):
         clock.time(run)
-    reads = [clock.time(run) for _ in range(max(MIN_ROUNDS, min(MAX_MEASURED_LAUNCHES, round(MEASURE_MS / typical))))]
+    reads = [clock.time(run) for _ in range(measured)]
     return statistics.median(elapsed() for elapsed in reads)
 
 
