@@ -74,6 +74,32 @@ def bias_in_dot(source: str) -> str:
                 rewrite, source)
 
 
+def dots_first(source: str) -> str:
+    """Two score streams (differential attention): the second stream's K load and score dot
+    issued right after the first's, before the first stream's softmax, so the tensor cores
+    work on the second dot while the first stream's exponentials run."""
+    def move(match):
+        body = match.group(0)
+        second = re.search(r"^( +)k_1 = tl\.load[^\n]*\n\1s_1 = tl\.dot[^\n]*\n", body, flags=re.M)
+        first = re.search(r"^ +s_0 = tl\.dot[^\n]*\n", body, flags=re.M)
+        if not second or not first:
+            return body
+        body = body[:second.start()] + body[second.end():]
+        return body[:first.end()] + second.group(0) + body[first.end():]
+    return _sub(r"^ +k_0 = tl\.load(?:[^\n]*\n)+? +s_1 = tl\.dot[^\n]*\n", move, source)
+
+
+def v_first(source: str) -> str:
+    """The V tile loaded right after the (first) K tile instead of after the softmax."""
+    def move(match):
+        body = match.group(0)
+        v = re.search(r"^ +v = tl\.load[^\n]*\n", body, flags=re.M)
+        k = re.search(r"^ +k(?:_0)? = tl\.load[^\n]*\n", body, flags=re.M)
+        body = body[:v.start()] + body[v.end():]
+        return body[:k.end()] + v.group(0) + body[k.end():]
+    return _sub(r"^ +k(?:_0)? = tl\.load(?:[^\n]*\n)+? +v = tl\.load[^\n]*\n", move, source)
+
+
 def half_dv(source: str) -> str:
     """One of the two programs of a split of the output's Dv: accumulators, V tiles and the
     store over the first half of Dv only. Its result is partial; twice its time (``programs``)
@@ -83,7 +109,7 @@ def half_dv(source: str) -> str:
 
 
 half_dv.programs = 2
-EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, half_dv)}
+EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv)}
 
 
 def swap_kernel(entry, source: str) -> None:

@@ -38,9 +38,11 @@ def test_speedups_table_and_plot(tmp_path):
 
 def test_probe_edits_keep_each_kernel_s_result():
     """Each of probe_edits' hand edits of a printed kernel computes what the printed kernel
-    computes (interpreter, fp32): the probe compares timings of equal programs. An edit that
-    stands for one of several programs (``half_dv``) computes its part: the first half of
-    each head's Dv (the Evoformer's output ends in the head dim)."""
+    computes (interpreter, fp32), on the Evoformer's kernel and on differential attention's
+    (two score streams), wherever it applies, and applies to one of them at least: the probe
+    compares timings of equal programs. An edit that stands for one of several programs
+    (``half_dv``) computes its part: the first half of each head's Dv (both outputs end in
+    the head dim)."""
     import torch
 
     import fxflash
@@ -54,15 +56,25 @@ def test_probe_edits_keep_each_kernel_s_result():
     evo = (*(torch.randn(B, N_seq, S, H, D, generator=g) for _ in range(3)),
            (torch.rand(B, N_seq, S, generator=g) > 0.2).float(), torch.randn(B, 1, H, S, S, generator=g),
            torch.randn(B, N_seq, S, H, D, generator=g))
-    fast = fxflash.optimize(V.evoformer_row)
-    before = set(region_op._REGISTRY)
-    printed_out = fast(*evo)
-    (key,) = set(region_op._REGISTRY) - before
-    entry = region_op._REGISTRY[key]
-    printed = entry.plan.source
-    for edit in probe_edits.EDITS.values():
-        source = edit(printed)  # raises if it finds nothing to change
-        assert source != printed
-        probe_edits.swap_kernel(entry, source)
-        part = ... if getattr(edit, "programs", 1) == 1 else (..., slice(0, D // 2))
-        torch.testing.assert_close(fast(*evo)[part], printed_out[part], rtol=1e-5, atol=1e-5)
+    diff = (torch.randn(1, 4, 40, D, generator=g), torch.randn(1, 4, 50, D, generator=g),
+            torch.randn(1, 2, 50, 2 * D, generator=g))
+    applied = set()
+    for fn, args in ((V.evoformer_row, evo), (V.diff_attention, diff)):
+        fast = fxflash.optimize(fn)
+        before = set(region_op._REGISTRY)
+        printed_out = fast(*args)
+        (key,) = set(region_op._REGISTRY) - before
+        entry = region_op._REGISTRY[key]
+        printed = entry.plan.source
+        for name, edit in probe_edits.EDITS.items():
+            try:
+                source = edit(printed)
+            except ValueError:  # nothing to change in this kernel
+                continue
+            applied.add(name)
+            assert source != printed
+            probe_edits.swap_kernel(entry, source)
+            part = ... if getattr(edit, "programs", 1) == 1 else (..., slice(0, printed_out.size(-1) // 2))
+            torch.testing.assert_close(fast(*args)[part], printed_out[part], rtol=1e-5, atol=1e-5)
+        probe_edits.swap_kernel(entry, printed)
+    assert applied == set(probe_edits.EDITS)
