@@ -37,6 +37,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash import variants as V  # noqa: E402
+from fxflash.codegen import tuning  # noqa: E402
 
 FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
 WINDOW, PREFIX, DOCS = 256, 256, 12
@@ -123,28 +124,25 @@ def _gqa_wrap(fn):
     return gqa
 
 
+def settled_ms(call) -> float:
+    """``do_bench`` median of ``call`` (ms), every call timed from the same state, as the
+    tuner times its contenders (``tuning.REST_MS``, ``SETTLE_MS``, ``MEASURE_MS``): the GPU
+    rests, runs the call back to back (its clock settles at what the call's power draw allows
+    at the H200's 700 W limit) and is timed. Without the rest, a call timed right after a
+    hotter one ran at a recovering clock for up to 400 ms (benchmarks/NOTES.md, eighth session)."""
+    torch.cuda.synchronize()
+    time.sleep(tuning.REST_MS / 1e3)
+    return triton.testing.do_bench(call, warmup=tuning.SETTLE_MS, rep=tuning.MEASURE_MS, return_mode="median")
+
+
 def medians(call) -> tuple[float, float]:
-    """(``do_bench`` median, CUDA-graph replay median) of ``call``, ms: the second leaves out the
+    """(``settled_ms``, CUDA-graph replay median) of ``call``, ms: the second leaves out the
     host time between launches (for probes of calls that may be host-bound)."""
     call()
-    bench = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+    bench = settled_ms(call)
     with torch.cuda.stream(torch.cuda.Stream()):
         graph = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
     return bench, graph
-
-
-REST_S, SETTLE_MS, TIMED_MS = 0.2, 250, 100
-
-
-def settled_ms(call) -> float:
-    """``do_bench`` median of ``call`` (ms), every call timed from the same state: the GPU
-    rests ``REST_S``, runs the call back to back for ``SETTLE_MS`` (its clock settles at what
-    the call's power draw allows at the H200's 700 W limit) and is timed ``TIMED_MS`` more.
-    Without the rest, a call timed right after a hotter one ran at a recovering clock for up to
-    400 ms (benchmarks/NOTES.md, eighth session)."""
-    torch.cuda.synchronize()
-    time.sleep(REST_S)
-    return triton.testing.do_bench(call, warmup=SETTLE_MS, rep=TIMED_MS, return_mode="median")
 
 
 def measure(call) -> tuple[float, float]:

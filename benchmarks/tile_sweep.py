@@ -5,7 +5,9 @@
 
 For profiling a variant whose fused kernel is slower than expected: prints, for every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) in the autotuner's table and a few beyond it, the
-``do_bench`` median of the whole optimized call and the median of its CUDA-graph replays
+``do_bench`` median of the whole optimized call, each tile timed after a rest
+(``bench_attention.settled_ms``: timed one after another without it, a tile that follows a
+hotter one runs at a lower clock), and the median of its CUDA-graph replays
 (``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
 read). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16 query
@@ -19,14 +21,13 @@ import sys
 import tempfile
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash.codegen import emit, tuning  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import SUITES, beyond_cases, case  # noqa: E402
+from bench_attention import SUITES, beyond_cases, case, medians, settled_ms  # noqa: E402
 
 EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)]
 
@@ -67,9 +68,7 @@ def main():
         bm, bn, warps, stages = tile
         try:
             with tuning.pinned(tile):
-                fast(*args)
-                ms = triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100, return_mode="median")
-                graph_ms = triton.testing.do_bench_cudagraph(lambda: fast(*args), rep=100, return_mode="median")
+                ms, graph_ms = medians(lambda: fast(*args))
             print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s, "
                   f"graph replay {graph_ms:8.3f} ms", flush=True)
         except Exception as exc:  # out of shared memory or registers for this tile
@@ -77,7 +76,7 @@ def main():
     fxflash.config.kernel_cache_dir = tempfile.mkdtemp()  # an empty tuning cache: time afresh
     tuning.forget()
     fast(*args)
-    ms = triton.testing.do_bench(lambda: fast(*args), warmup=25, rep=100, return_mode="median")
+    ms = settled_ms(lambda: fast(*args))
     picks = sorted({tuning.describe(tile) for tile in tuning.chosen().values()})
     print(f"  tuned: {ms:.3f} ms, picked {picks}", flush=True)
 

@@ -500,8 +500,10 @@ class _Printer:
         self.param("M", ("frame", fb))
         self.param("N", ("frame", fb + 1))
         self.pre.append("pid = tl.program_id(0)")
+        dv_start = ""  # this program's first Dv column
         if self.dv_split > 1:  # the parts of one row tile run side by side, sharing its K/V tiles in L2
             self.pre += [f"dvb = pid % {self.dv_split}", f"pid = pid // {self.dv_split}"]
+            dv_start = f"dvb * {self.dv_width} + "
         self.pre += [
             "n_mt = tl.cdiv(M, BLOCK_M)",
             "mt = n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "mt = pid % n_mt",
@@ -514,7 +516,7 @@ class _Printer:
             "offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)",
             f"{ROW} = offs_m[:, None]",
             "offs_d = tl.arange(0, DP)",
-            f"offs_dv = {self.dv_tile}" if self.dv_split == 1 else f"offs_dv = dvb * {self.dv_width} + {self.dv_tile}",
+            f"offs_dv = {dv_start}tl.arange(0, {self.dv_width})",
             f"{DVC} = offs_dv[None, :]",
         ]
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
@@ -580,10 +582,6 @@ class _Printer:
     def dv_width(self) -> str:
         """The Dv columns one program holds: all of them (``DVP``) or its part of a split."""
         return "DVP" if self.dv_split == 1 else f"(DVP // {self.dv_split})"
-
-    @property
-    def dv_tile(self) -> str:
-        return f"tl.arange(0, {self.dv_width})"
 
     def partner_scores(self, j: int, partner, precision: str) -> None:
         """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
