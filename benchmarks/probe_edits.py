@@ -108,8 +108,50 @@ def half_dv(source: str) -> str:
     return _sub(r"tl\.zeros\(\[BLOCK_M, DVP\]", "tl.zeros([BLOCK_M, DVP // 2]", source)
 
 
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
+
+
+def _one_loop(source: str) -> str:
+    """The key loop as one loop of masked tiles: the full tiles' loop dropped, the remainder
+    loop started at the first tile."""
+    source = _sub(r"^( +)for start_n in range\(\(lo_t\) \* BLOCK_N, \(n_split\)[^\n]*\n(?:\1 [^\n]*\n)+", "", source)
+    return _sub(r"range\(\(n_split\) \* BLOCK_N, \(hi_t\)", "range((lo_t) * BLOCK_N, (hi_t)", source)
+
+
+def _persistent(per_sm: int, flatten: bool, one_loop: bool = False):
+    def edit(source: str) -> str:
+        if one_loop:
+            source = _one_loop(source)
+        if "dvb = " in source:
+            raise ValueError("persistent: a Dv-split kernel is not handled")
+        head, sep, body = source.partition("    pid = tl.program_id(0)\n")
+        if not sep:
+            raise ValueError("persistent: no program id")
+        batch = [f"{name}" for name in re.findall(r"\b(FB\d+)\b", head.splitlines()[-1])]
+        items = " * ".join(["tl.cdiv(M, BLOCK_M)", *batch])
+        loop = (f"    pid0 = tl.program_id(0)\n    n_items = {items}\n"
+                f"    n_progs = tl.minimum(n_items, {per_sm * _sms()})\n"
+                f"    for pid in tl.range(pid0, tl.where(pid0 < n_progs, n_items, 0), n_progs"
+                f"{', flatten=True' if flatten else ''}):\n")
+        return head + loop + "".join("    " + line if line.strip() else line for line in body.splitlines(True))
+    edit.__name__ = f"persistent_{per_sm}{'' if flatten else '_nested'}{'_one_loop' if one_loop else ''}"
+    nest = ("flattened (tl.range(flatten=True)): the next row tile's key tiles are prefetched while this one "
+            "finishes" if flatten else "left nested")
+    edit.__doc__ = (f"A persistent grid: {per_sm} program(s) per SM each walk the row tiles (grid stride), the "
+                    f"loop nest {nest}. The launch grid stays the printed one; programs beyond the persistent "
+                    "count exit at once." + (" One key loop of masked tiles." if one_loop else ""))
+    return edit
+
+
+persistent_1, persistent_2, persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop = (
+    _persistent(1, True), _persistent(2, True), _persistent(4, True), _persistent(2, False),
+    _persistent(2, True, True), _persistent(4, True, True))
+
+
 half_dv.programs = 2
-EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv)}
+EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, persistent_1, persistent_2,
+                                 persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop)}
 
 
 def swap_kernel(entry, source: str) -> None:
