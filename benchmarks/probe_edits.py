@@ -23,6 +23,7 @@ import re
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
@@ -108,6 +109,56 @@ def half_dv(source: str) -> str:
     return _sub(r"tl\.zeros\(\[BLOCK_M, DVP\]", "tl.zeros([BLOCK_M, DVP // 2]", source)
 
 
+_TILE_LOAD = re.compile(r"^( +)(x\d+) = tl\.load\((in\d+)_ptr \+ ([^\n]*?), mask=[^\n]*, other=0\)\.to\(tl\.float32\)$",
+                        re.M)
+
+
+def _through_descriptors(source: str, col: str, shape: str, block: str, start: str, where: str) -> str:
+    """Each load of a 2-D tile of an input, rows ``rm`` and columns ``col`` (a [1, n] index
+    whose stride is 1), read through a tensor descriptor (TMA bulk copy into shared memory,
+    out-of-range elements zero) made at ``where`` (a line that starts with it, or at the load)."""
+    made: dict = {}
+
+    def replace(match):
+        indent, name, arg, address = match.groups()
+        terms = address.split(" + ")
+        row = [t for t in terms if t.startswith("(rm) * ")]
+        cols = [t for t in terms if t.startswith(f"({col}) * ")]
+        if len(row) != 1 or len(cols) != 1:
+            return match.group(0)
+        base = " + ".join([f"{arg}_ptr", *(t for t in terms if t not in row + cols)])
+        stride = row[0].split(" * ")[1]
+        made[arg] = f"{arg}_desc = tl.make_tensor_descriptor({base}, [{shape}], [{stride}, 1], [{block}])"
+        load = f"{indent}{name} = {arg}_desc.load([mt * BLOCK_M, {start}]).to(tl.float32)"
+        return load if where else f"{indent}{made[arg]}\n{load}"
+
+    out = _TILE_LOAD.sub(replace, source)
+    if not made:
+        raise ValueError(f"no [rm, {col}] tile load")
+    if where:
+        indent = re.search(rf"^( +){where}", out, flags=re.M).group(1)
+        out = _sub(rf"^( +){where}", "".join(f"{indent}{line}\n" for line in made.values()) + r"\1" + where, out, 1)
+    return out
+
+
+def bias_tma(source: str) -> str:
+    """The score tile's tensor inputs (the Evoformer's pair bias) loaded through tensor
+    descriptors: a TMA copy the pipeliner can issue ahead, read from shared memory in the
+    layout the scores need, instead of a register load converted through shared memory."""
+    return _through_descriptors(source, "cn", "M, N", "BLOCK_M, BLOCK_N", "start_n", "lo_t = 0")
+
+
+def gate_tma(source: str) -> str:
+    """The epilogue's [rows, Dv] tensor inputs (the Evoformer's gate) loaded through tensor
+    descriptors."""
+    return _through_descriptors(source, "dvc", "M, DV", "BLOCK_M, DVP", "0", "")
+
+
+def bias_and_gate_tma(source: str) -> str:
+    """``bias_tma`` and ``gate_tma`` together."""
+    return gate_tma(bias_tma(source))
+
+
 def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
 
@@ -150,7 +201,7 @@ persistent_1, persistent_2, persistent_4, persistent_2_nested, persistent_2_one_
 
 
 half_dv.programs = 2
-EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, persistent_1, persistent_2,
+EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, bias_tma, gate_tma, bias_and_gate_tma, persistent_1, persistent_2,
                                  persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop)}
 
 
@@ -169,6 +220,7 @@ def main():
     parser.add_argument("--tiles", nargs="*", default=None, help="BMxBNxWxS, e.g. 64x64x4x2 (default: the kernel's candidates)")
     parser.add_argument("--show", action="store_true", help="print each edited loop")
     opts = parser.parse_args()
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
     fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fast = fxflash.optimize(fn)
