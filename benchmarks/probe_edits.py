@@ -154,9 +154,40 @@ def gate_tma(source: str) -> str:
     return _through_descriptors(source, "dvc", "M, DV", "BLOCK_M, DVP", "0", "")
 
 
-def bias_and_gate_tma(source: str) -> str:
-    """``bias_tma`` and ``gate_tma`` together."""
-    return gate_tma(bias_tma(source))
+def gate_prefetch(source: str) -> str:
+    """Before the key loop, a ``prefetch.global.L2`` of every 128-byte line of the epilogue's
+    [rows, Dv] tensor inputs (the Evoformer's gate): no registers held across the loop (as
+    loading it there would), and the epilogue's load then hits L2. Inline PTX: GPU only."""
+    lines = []
+
+    def collect(match):
+        indent, name, arg, address = match.groups()
+        terms = address.split(" + ")
+        if any(t.startswith("(dvc) * ") for t in terms) and any(t.startswith("(rm) * ") for t in terms):
+            rows = " + ".join(t.replace("(rm)", "tl.minimum(rm, M - 1)").replace("(dvc)", "(pf_col)")
+                              for t in terms)
+            lines.append(f"pf_{name} = tl.inline_asm_elementwise('prefetch.global.L2 [$1]; mov.b32 $0, 0;', "
+                         f"'=r,l', [{arg}_ptr + {rows}], dtype=tl.int32, is_pure=False, pack=1)")
+        return match.group(0)
+
+    _TILE_LOAD.sub(collect, source)
+    if not lines:
+        raise ValueError("no [rm, dvc] tile load")
+    setup = "pf_col = (tl.arange(0, (DVP + 63) // 64) * 64)[None, :]"  # one element per 128-byte line (2-byte dtype)
+    indent = re.search(r"^( +)lo_t = 0", source, flags=re.M).group(1)
+    return _sub(r"^( +)lo_t = 0", "".join(f"{indent}{line}\n" for line in [setup, *lines]) + r"\1lo_t = 0",
+                source, 1)
+
+
+gate_prefetch.gpu_only = True
+
+
+def bias_tma_gate_prefetch(source: str) -> str:
+    """``bias_tma`` and ``gate_prefetch`` together."""
+    return gate_prefetch(bias_tma(source))
+
+
+bias_tma_gate_prefetch.gpu_only = True
 
 
 def _sms() -> int:
@@ -201,7 +232,8 @@ persistent_1, persistent_2, persistent_4, persistent_2_nested, persistent_2_one_
 
 
 half_dv.programs = 2
-EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, bias_tma, gate_tma, bias_and_gate_tma, persistent_1, persistent_2,
+EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, bias_tma, gate_tma, gate_prefetch,
+                                 bias_tma_gate_prefetch, persistent_1, persistent_2,
                                  persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop)}
 
 
