@@ -4,7 +4,9 @@
     PYTHONPATH=. python benchmarks/bench_attention.py --suite beyond [--variants …] [--seqlens …]
 
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
-batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Times are medians
+batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Further index
+masks, by ``--variants`` only (``INDEX_MASKS``): block-causal blocks of 256, a dilated window
+(512 keys each side, every 2nd), 2-D neighbourhoods of radius 8 on a √S × √S canvas. Times are medians
 of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built once, cached,
 as its users do) and its ``create_block_mask`` time are separate rows. Each system is timed
 from the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``).
@@ -27,6 +29,7 @@ import argparse
 import contextlib
 import csv
 import functools
+import math
 import os
 import sys
 import time
@@ -41,6 +44,10 @@ from fxflash.codegen import tuning  # noqa: E402
 
 FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
 WINDOW, PREFIX, DOCS = 256, 256, 12
+# further index masks (not in the default suite): block-causal blocks, a dilated window
+# (keys within DILATED_WINDOW at every DILATION-th distance), 2-D neighbourhoods of radius
+# NEIGHBOURHOOD on a square canvas of √S × √S tokens
+BLOCK, DILATED_WINDOW, DILATION, NEIGHBOURHOOD = 256, 512, 2, 8
 
 
 def flex_api():
@@ -99,6 +106,23 @@ def case(name: str, B, H, Hkv, S, D, device, dtype):
 
         def mask_mod(b, h, qi, ki):
             return (ki <= qi) | (ki < PREFIX)
+    elif name == "block_causal":
+        fn, args = functools.partial(V.block_causal, block=BLOCK), (q, k, v)
+
+        def mask_mod(b, h, qi, ki):
+            return qi // BLOCK >= ki // BLOCK
+    elif name == "dilated_window":
+        fn, args = functools.partial(V.dilated_window, window=DILATED_WINDOW, dilation=DILATION), (q, k, v)
+
+        def mask_mod(b, h, qi, ki):
+            return ((qi - ki).abs() <= DILATED_WINDOW) & ((qi - ki) % DILATION == 0)
+    elif name == "neighbourhood_2d":
+        width = math.isqrt(S)
+        fn, args = functools.partial(V.neighbourhood_2d, width=width, radius=NEIGHBOURHOOD), (q, k, v)
+
+        def mask_mod(b, h, qi, ki):
+            return (((qi // width - ki // width).abs() <= NEIGHBOURHOOD)
+                    & ((qi % width - ki % width).abs() <= NEIGHBOURHOOD))
     elif name == "document_mask":
         ids = document_ids(S, DOCS, device)
         fn, args = V.document_mask, (q, k, v, ids)
@@ -350,6 +374,7 @@ def run_beyond(variants, seqlens, out_path, systems=None, resume=False):
                 torch.cuda.empty_cache()
 
 
+INDEX_MASKS = ["block_causal", "dilated_window", "neighbourhood_2d"]  # --variants only
 SUITES = {
     "softmax": ["vanilla", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask"],
     "beyond": ["diff_attention", "evoformer_row", "sigmoid_attention", "relu_attention"],

@@ -122,6 +122,36 @@ def prefix_lm(q, k, v, prefix=8):
     return torch.softmax(s, dim=-1) @ v
 
 
+def block_causal(q, k, v, block=8):
+    """Block-causal: a query sees every key of its own block of ``block`` positions and of the
+    blocks before it."""
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = s.masked_fill(j // block > i // block, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def dilated_window(q, k, v, window=12, dilation=3):
+    """Dilated sliding window: keys within ``window`` positions whose distance is a multiple
+    of ``dilation``."""
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    keep = ((i - j).abs() <= window) & ((i - j) % dilation == 0)
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+def neighbourhood_2d(q, k, v, width=6, radius=1):
+    """Neighbourhood attention on a 2-D canvas ``width`` tokens wide (token t at row t // width,
+    column t % width): a query sees the keys within ``radius`` rows and columns of it."""
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    keep = ((i // width - j // width).abs() <= radius) & ((i % width - j % width).abs() <= radius)
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
 def document_mask(q, k, v, doc_ids):
     """Packed documents: a query sees only keys of its own document (ids ``[N]``)."""
     same = doc_ids[:, None] == doc_ids[None, :]
@@ -401,6 +431,9 @@ VARIANTS = {
         Variant("causal", causal, _mha),
         Variant("sliding_window", sliding_window, _mha),
         Variant("prefix_lm", prefix_lm, _mha),
+        Variant("block_causal", block_causal, _mha),
+        Variant("dilated_window", dilated_window, _mha),
+        Variant("neighbourhood_2d", neighbourhood_2d, _mha),
         Variant("document_mask", document_mask, _with_doc_ids, square=True),
         Variant("key_padding", key_padding, _with_key_mask),
         Variant("additive_mask", additive_mask, _with_bias),

@@ -15,10 +15,26 @@ FULL_LOOP = "range((f_lo) * BLOCK_N, (f_hi) * BLOCK_N, BLOCK_N)"  # tiles no mas
 
 LINEAR = st.tuples(st.integers(-2, 2), st.integers(-2, 2), st.integers(-40, 40))
 COMPARE = st.sampled_from(["<=", "<", ">=", ">", "==", "!="])
+# an optional floor division or remainder by a positive literal: block ids, canvas positions,
+# dilations (operands of any sign)
+DIVIDE = st.tuples(st.sampled_from(["", "//", "%"]), st.integers(1, 9))
+AFFINE = st.tuples(st.integers(-2, 2), st.integers(-30, 30), DIVIDE)  # (a·x + c) [// or % d]
 
 
 def _atom():
-    return st.tuples(LINEAR, COMPARE, st.integers(-20, 20)).map(lambda t: ("cmp",) + t)
+    linear = st.tuples(LINEAR, DIVIDE, COMPARE, st.integers(-20, 20)).map(lambda t: ("cmp",) + t)
+    # f(i) - g(j) compared: i // b <= j // b (block-causal), |i % w - j % w| (a 2-D canvas)
+    split = st.tuples(AFFINE, AFFINE, COMPARE, st.integers(-10, 10)).map(lambda t: ("cmp2",) + t)
+    return st.one_of(linear, split)
+
+
+def _divide(x, divide):
+    op, d = divide
+    return x // d if op == "//" else x % d if op == "%" else x
+
+
+def _compare(x, op, rhs):
+    return {"<=": x <= rhs, "<": x < rhs, ">=": x >= rhs, ">": x > rhs, "==": x == rhs, "!=": x != rhs}[op]
 
 
 MASKS = st.recursive(
@@ -35,9 +51,11 @@ MASKS = st.recursive(
 def _build(tree, i, j):
     kind = tree[0]
     if kind == "cmp":
-        (a, b, c), op, rhs = tree[1:]
-        x = a * i + b * j + c
-        return {"<=": x <= rhs, "<": x < rhs, ">=": x >= rhs, ">": x > rhs, "==": x == rhs, "!=": x != rhs}[op]
+        (a, b, c), divide, op, rhs = tree[1:]
+        return _compare(_divide(a * i + b * j + c, divide), op, rhs)
+    if kind == "cmp2":
+        (a1, c1, div1), (a2, c2, div2), op, rhs = tree[1:]
+        return _compare(_divide(a1 * i + c1, div1) - _divide(a2 * j + c2, div2), op, rhs)
     if kind == "not":
         return ~_build(tree[1], i, j)
     left, right = _build(tree[1], i, j), _build(tree[2], i, j)
@@ -66,7 +84,7 @@ def _run(fn, args, sparsity: bool):
         fxflash.config.block_sparsity = old
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=MASKS, m=st.integers(2, 50), n=st.integers(2, 70))
 def test_skipping_never_changes_the_output(tree, m, n):
     fn = _program(tree)
@@ -78,7 +96,8 @@ def test_skipping_never_changes_the_output(tree, m, n):
     assert_accurate(fn, args, skipped)
 
 
-@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm"])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal", "dilated_window",
+                                  "neighbourhood_2d"])
 def test_index_masks_skip_tiles(name):
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16))
@@ -91,6 +110,24 @@ def test_index_masks_skip_tiles(name):
     assert_accurate(variant.fn, args, out)
 
 
+@pytest.mark.parametrize("divide", [lambda x: x // -4, lambda x: x % -4, lambda x: torch.div(x, 4, rounding_mode="trunc")],
+                         ids=["floor_by_negative", "remainder_by_negative", "trunc"])
+def test_divisions_without_a_rule_fuse_without_skipping(divide):
+    """Integer divisions the interval rules do not cover (a negative divisor, truncation) are
+    computed outside the kernel and loaded: the attention still fuses, nothing is skipped, and
+    the result is eager's."""
+    def masked(q, k, v):
+        i = torch.arange(q.size(-2))[:, None]
+        j = torch.arange(k.size(-2))[None, :]
+        s = (q @ k.transpose(-2, -1)).masked_fill(divide(j) > divide(i), float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+    args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=40, N=40, D=8, Dv=8))
+    (region,) = fxflash.explain(masked, *args).regions
+    assert region.fused and SCAN not in region.source
+    assert_accurate(masked, args, fxflash.optimize(masked)(*args))
+
+
 def test_additive_biases_and_key_padding_masks_do_not_skip():
     for name in ("additive_mask", "key_padding"):
         variant = VARIANTS[name]
@@ -101,7 +138,7 @@ def test_additive_biases_and_key_padding_masks_do_not_skip():
 IDS = st.lists(st.integers(-3, 3), min_size=2, max_size=60)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(q_ids=IDS, k_ids=IDS, sort=st.booleans(), negate=st.booleans())
 def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, negate):
     """Document-id masks (sorted or not, query and key ids apart): skipping by the per-tile

@@ -84,6 +84,7 @@ EXTRA_ELEMENTWISE = {
     aten.clamp,
     aten.masked_fill,
     aten.type_as,
+    aten.floor_divide,
 }
 
 

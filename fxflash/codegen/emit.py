@@ -103,6 +103,9 @@ NARROW_INT_OPS = {
     aten.clone: _max_bounds,
     aten.alias: _max_bounds,
     aten._to_copy: _max_bounds,
+    # ⌊x / c⌋ and x mod c pass through x % c + c and x - (x mod c): |·| ≤ |x| + c
+    aten.floor_divide: _sum_bounds,
+    aten.remainder: _sum_bounds,
 }
 NARROW_MUL_LIMIT = 1 << 10     # literal factors of a narrowed product
 NARROW_LITERAL_LIMIT = 1 << 24  # literals that join a narrowed value
@@ -256,7 +259,14 @@ class _Printer:
         if key in self.memo:
             return self.memo[key]
         computed = self.kinds.get(node) is OpKind.INDEX or self.inlinable(node)
-        value = self.index_expr(node, idx) if computed else self.load(node, idx)
+        try:
+            value = self.index_expr(node, idx) if computed else self.load(node, idx)
+        except Unprintable:
+            if not computed:
+                raise
+            # an op without a printer (a floor division by a negative number): eager computes
+            # this value, as it would without fxflash, and the kernel loads it
+            value = self.load(node, idx)
         self.memo[key] = value
         return value
 

@@ -24,7 +24,8 @@ import torch
 import torch.fx as fx
 
 from ..analysis import OpKind
-from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
+from ..analysis.ops import CONSTANT_FILLS, LAYOUTS, constant_value, packet
+from .printers import floor_div_code, positive_int_divisor, python_mod_code
 
 aten = torch.ops.aten
 
@@ -134,7 +135,9 @@ class IntervalPrinter:
         if rule is not None:
             args = [self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx) for a in node.args]
             return rule(self, node, args)
-        return self.of(node.args[0], self.p.layout_source_idx(node, idx))
+        if p in LAYOUTS:
+            return self.of(node.args[0], self.p.layout_source_idx(node, idx))
+        raise NoInterval(f"{node.name}: no interval rule for {node.target}")
 
 
     def of_tensor(self, node: fx.Node, idx: tuple) -> Interval:
@@ -255,6 +258,29 @@ def _same(ip, node, a):
     return a[0]
 
 
+def _floor_divide(ip, node, a):
+    """``⌊x / c⌋``, c > 0, is non-decreasing in x."""
+    c = positive_int_divisor(node)
+    return _int(ip.bind(floor_div_code(a[0].lo, c)), ip.bind(floor_div_code(a[0].hi, c)))
+
+
+def _div(ip, node, a):
+    if node.kwargs.get("rounding_mode") != "floor":
+        raise NoInterval(f"{node.name}: division")
+    return _floor_divide(ip, node, a)
+
+
+def _remainder(ip, node, a):
+    """``x mod c``, c > 0: within one period ``[k·c, (k+1)·c)`` it rises with x, so on
+    ``[lo, hi]`` inside one period it is ``[lo mod c, hi mod c]``; across periods it takes
+    every value of ``[0, c - 1]`` that a sound interval must cover."""
+    c = positive_int_divisor(node)
+    lo, hi = a[0].lo, a[0].hi
+    one_period = ip.bind(f"{floor_div_code(lo, c)} == {floor_div_code(hi, c)}")
+    return _int(ip.bind(f"tl.where({one_period}, {python_mod_code(lo, c)}, 0)"),
+                ip.bind(f"tl.where({one_period}, {python_mod_code(hi, c)}, {c - 1})"))
+
+
 def _where(ip, node, a):
     c, x, y = a
     if x.is_bool:
@@ -264,6 +290,7 @@ def _where(ip, node, a):
 
 RULES = {
     aten.add: _add, aten.sub: _sub, aten.neg: _neg, aten.mul: _mul, aten.abs: _abs,
+    aten.floor_divide: _floor_divide, aten.remainder: _remainder, aten.div: _div,
     aten.maximum: _minmax("tl.maximum"), aten.minimum: _minmax("tl.minimum"),
     aten.le: _compare("le"), aten.lt: _compare("lt"), aten.ge: _compare("ge"), aten.gt: _compare("gt"),
     aten.eq: _compare("eq"), aten.ne: _compare("ne"),

@@ -75,9 +75,37 @@ def _sub(a, node):
 
 
 def _div(a, node):
-    if node.kwargs.get("rounding_mode") is not None:
-        raise Unprintable("div with a rounding mode")
+    mode = node.kwargs.get("rounding_mode")
+    if mode == "floor":
+        return floor_div_code(a[0], positive_int_divisor(node))
+    if mode is not None:
+        raise Unprintable(f"div with rounding mode {mode!r}")
     return f"({a[0]} / {a[1]})"
+
+
+# -- integer floor division and remainder by a positive literal (index expressions: block
+# ids i // b, positions on a 2-D canvas i % w, dilations (i - j) % d) ------------------------
+def positive_int_divisor(node) -> int:
+    """The literal divisor ``c > 0`` of an integer floor division or remainder ``node``;
+    Unprintable for anything else (a tensor divisor, a float or negative one, float values)."""
+    c = node.args[1] if len(node.args) > 1 else None
+    val = node.meta.get("val")
+    if (isinstance(c, bool) or not isinstance(c, int) or c <= 0
+            or not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype is torch.bool):
+        raise Unprintable(f"{node.name}: integer floor division or remainder by {c!r} (only by a positive literal)")
+    return c
+
+
+def python_mod_code(x: str, c: int) -> str:
+    """``x mod c`` in ``[0, c)`` (Python's and PyTorch's ``%`` for ``c > 0``), for any sign of
+    ``x``: right whether Triton's integer ``%`` takes the sign of ``x`` (C) or of ``c``."""
+    return f"(((({x}) % {c}) + {c}) % {c})"
+
+
+def floor_div_code(x: str, c: int) -> str:
+    """``⌊x / c⌋`` for ``c > 0`` and any sign of ``x``: ``x`` minus its remainder is a multiple
+    of ``c``, so the division is exact whether Triton's ``//`` rounds down or toward zero."""
+    return f"((({x}) - {python_mod_code(x, c)}) // {c})"
 
 
 def _pow(a, node):
@@ -123,6 +151,8 @@ PRINTERS = {
     aten.sub: _sub,
     aten.mul: _binary("({} * {})"),
     aten.div: _div,
+    aten.floor_divide: lambda a, node: floor_div_code(a[0], positive_int_divisor(node)),
+    aten.remainder: lambda a, node: python_mod_code(a[0], positive_int_divisor(node)),
     aten.neg: _unary("(-{})"),
     aten.reciprocal: _unary("(1.0 / {})"),
     aten.exp: _unary("tl.exp({})"),
