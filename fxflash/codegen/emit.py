@@ -62,6 +62,7 @@ class KernelPlan:
     summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
                              # that axis the launch computes for its BLOCK_N ("summary" args)
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
+    unclassified: tuple = ()  # "mask: why" for each tile mask without a per-tile test (explain())
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -135,6 +136,7 @@ class _Printer:
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
         self.skips_tiles = False
+        self.unclassified: list = []  # KernelPlan.unclassified
         self.full_proved = False   # tile_range classifies full tiles (every mask has an interval)
         self.scan = 128            # key tiles classified per chunk (tile_range)
         self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
@@ -586,7 +588,8 @@ class _Printer:
                           side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
                           partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
-                          summaries=tuple(self.summaries), dv_split=self.dv_split)
+                          summaries=tuple(self.summaries), dv_split=self.dv_split,
+                          unclassified=tuple(dict.fromkeys(self.unclassified)))
 
     @property
     def dv_width(self) -> str:
@@ -844,8 +847,9 @@ class _Printer:
             for mask in self.r.tile_masks:
                 try:
                     iv = ip.of(mask.condition, self.idx_of(mask.condition, self.frame_idx))
-                except (NoInterval, Unprintable):
+                except (NoInterval, Unprintable) as exc:
                     complete = False
+                    self.unclassified.append(f"{mask.condition.name} ({exc})")
                     continue
                 if not iv.is_bool:
                     complete = False

@@ -620,7 +620,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     )
     region.tile_masks = skippable_masks(region, analysis.kinds) if config.block_sparsity else []
     for mask in region.tile_masks:
-        steps.append(f"block sparsity: a key tile is skipped when {mask.condition.name} is "
+        steps.append(f"block sparsity: a key tile may be skipped when {mask.condition.name} is "
                      f"{mask.masked_when} on all of it (scores -inf, every accumulator scaled by exp)")
     return region
 
