@@ -149,7 +149,7 @@ def test_additive_biases_and_key_padding_masks_do_not_skip():
 IDS = st.lists(st.integers(-3, 3), min_size=2, max_size=60)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(q_ids=IDS, k_ids=IDS, sort=st.booleans(), negate=st.booleans())
 def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, negate):
     """Document-id masks (sorted or not, query and key ids apart): skipping by the per-tile
