@@ -282,8 +282,9 @@ RULES = {
     # No rule for aten.remainder: one (x mod c spans [lo mod c, hi mod c] within a period,
     # [0, c - 1] across) was sound under the interpreter, but Triton 3.6 on an H200 compiled
     # the neighbourhood_2d tile tests built from it wrongly (every key tile declared empty:
-    # whole rows NaN; correct with a device_print inserted, so a miscompile; benchmarks/NOTES.md,
-    # ninth session). Masks with a remainder fuse and are evaluated per score, tiles unskipped.
+    # whole rows NaN; correct with a device_print inserted, so a miscompile: standalone repro
+    # benchmarks/repro_tile_test_miscompile.py). Masks with a remainder fuse and are evaluated
+    # per score, tiles unskipped.
     aten.floor_divide: _floor_divide, aten.div: _div,
     aten.maximum: _minmax("tl.maximum"), aten.minimum: _minmax("tl.minimum"),
     aten.le: _compare("le"), aten.lt: _compare("lt"), aten.ge: _compare("ge"), aten.gt: _compare("gt"),
