@@ -113,32 +113,44 @@ _TILE_LOAD = re.compile(r"^( +)(x\d+) = tl\.load\((in\d+)_ptr \+ ([^\n]*?), mask
                         re.M)
 
 
+def _tile_address(address: str, col: str):
+    """``(base terms, row stride, column stride)`` of a tile load's address ``base + (rm) * sr +
+    ({col}) * sc``; None for a load of another shape."""
+    terms = address.split(" + ")
+    row = [t for t in terms if t.startswith("(rm) * ")]
+    cols = [t for t in terms if t.startswith(f"({col}) * ")]
+    if len(row) != 1 or len(cols) != 1:
+        return None
+    return [t for t in terms if t not in row + cols], row[0].split(" * ")[1], cols[0].split(" * ")[1]
+
+
+def _insert_before(source: str, anchor: str, lines) -> str:
+    """``lines`` inserted before the first line that starts with ``anchor``, at its indent."""
+    indent = re.search(rf"^( +){anchor}", source, flags=re.M).group(1)
+    return _sub(rf"^( +){anchor}", "".join(f"{indent}{line}\n" for line in lines) + r"\1" + anchor, source, 1)
+
+
 def _through_descriptors(source: str, col: str, shape: str, block: str, start: str, where: str) -> str:
     """Each load of a 2-D tile of an input, rows ``rm`` and columns ``col`` (a [1, n] index
     whose stride is 1), read through a tensor descriptor (TMA bulk copy into shared memory,
-    out-of-range elements zero) made at ``where`` (a line that starts with it, or at the load)."""
+    out-of-range elements zero) made before ``where`` (the start of a line; "": at the load)."""
     made: dict = {}
 
     def replace(match):
         indent, name, arg, address = match.groups()
-        terms = address.split(" + ")
-        row = [t for t in terms if t.startswith("(rm) * ")]
-        cols = [t for t in terms if t.startswith(f"({col}) * ")]
-        if len(row) != 1 or len(cols) != 1:
+        parts = _tile_address(address, col)
+        if parts is None:
             return match.group(0)
-        base = " + ".join([f"{arg}_ptr", *(t for t in terms if t not in row + cols)])
-        stride = row[0].split(" * ")[1]
-        made[arg] = f"{arg}_desc = tl.make_tensor_descriptor({base}, [{shape}], [{stride}, 1], [{block}])"
+        base, row_stride, _ = parts
+        made[arg] = (f"{arg}_desc = tl.make_tensor_descriptor({' + '.join([f'{arg}_ptr', *base])}, [{shape}], "
+                     f"[{row_stride}, 1], [{block}])")
         load = f"{indent}{name} = {arg}_desc.load([mt * BLOCK_M, {start}]).to(tl.float32)"
         return load if where else f"{indent}{made[arg]}\n{load}"
 
     out = _TILE_LOAD.sub(replace, source)
     if not made:
         raise ValueError(f"no [rm, {col}] tile load")
-    if where:
-        indent = re.search(rf"^( +){where}", out, flags=re.M).group(1)
-        out = _sub(rf"^( +){where}", "".join(f"{indent}{line}\n" for line in made.values()) + r"\1" + where, out, 1)
-    return out
+    return _insert_before(out, where, made.values()) if where else out
 
 
 def bias_tma(source: str) -> str:
@@ -159,24 +171,18 @@ def gate_prefetch(source: str) -> str:
     [rows, Dv] tensor inputs (the Evoformer's gate): no registers held across the loop (as
     loading it there would), and the epilogue's load then hits L2. Inline PTX: GPU only."""
     lines = []
-
-    def collect(match):
-        indent, name, arg, address = match.groups()
-        terms = address.split(" + ")
-        if any(t.startswith("(dvc) * ") for t in terms) and any(t.startswith("(rm) * ") for t in terms):
-            rows = " + ".join(t.replace("(rm)", "tl.minimum(rm, M - 1)").replace("(dvc)", "(pf_col)")
-                              for t in terms)
+    for _, name, arg, address in _TILE_LOAD.findall(source):
+        parts = _tile_address(address, "dvc")
+        if parts is not None:
+            base, row_stride, col_stride = parts
+            pointers = " + ".join([f"{arg}_ptr", *base, f"tl.minimum(rm, M - 1) * {row_stride}",
+                                   f"pf_col * {col_stride}"])
             lines.append(f"pf_{name} = tl.inline_asm_elementwise('prefetch.global.L2 [$1]; mov.b32 $0, 0;', "
-                         f"'=r,l', [{arg}_ptr + {rows}], dtype=tl.int32, is_pure=False, pack=1)")
-        return match.group(0)
-
-    _TILE_LOAD.sub(collect, source)
+                         f"'=r,l', [{pointers}], dtype=tl.int32, is_pure=False, pack=1)")
     if not lines:
         raise ValueError("no [rm, dvc] tile load")
     setup = "pf_col = (tl.arange(0, (DVP + 63) // 64) * 64)[None, :]"  # one element per 128-byte line (2-byte dtype)
-    indent = re.search(r"^( +)lo_t = 0", source, flags=re.M).group(1)
-    return _sub(r"^( +)lo_t = 0", "".join(f"{indent}{line}\n" for line in [setup, *lines]) + r"\1lo_t = 0",
-                source, 1)
+    return _insert_before(source, "lo_t = 0", [setup, *lines])
 
 
 gate_prefetch.gpu_only = True
@@ -210,7 +216,7 @@ def _persistent(per_sm: int, flatten: bool, one_loop: bool = False):
         head, sep, body = source.partition("    pid = tl.program_id(0)\n")
         if not sep:
             raise ValueError("persistent: no program id")
-        batch = [f"{name}" for name in re.findall(r"\b(FB\d+)\b", head.splitlines()[-1])]
+        batch = re.findall(r"\b(FB\d+)\b", head.splitlines()[-1])
         items = " * ".join(["tl.cdiv(M, BLOCK_M)", *batch])
         loop = (f"    pid0 = tl.program_id(0)\n    n_items = {items}\n"
                 f"    n_progs = tl.minimum(n_items, {per_sm * _sms()})\n"

@@ -100,6 +100,11 @@ def tuning_key(source: str, dtypes, device: str, frame) -> str:
     return f"{_source_hash(source)}|{','.join(str(d).removeprefix('torch.') for d in dtypes)}|{device}|{bucket}"
 
 
+def _label(tile: Tile) -> str:
+    """A tile as tuning.json names it: ``128x64x8x3``."""
+    return "x".join(map(str, tile))
+
+
 def describe(tile: Tile) -> str:
     bm, bn, warps, stages = tile
     return f"{bm}×{bn} tiles, {warps} warps, {stages} stages"
@@ -321,10 +326,10 @@ def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     seconds = time.perf_counter() - start
     progress.step(best)
     progress.done(best, seconds)
-    ms = {"x".join(map(str, t)): round(m, 5) for t, m in medians.items()}
+    ms = {_label(t): round(m, 5) for t, m in medians.items()}
     entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame], rounds=rounds, ms=ms,
-                 sustained_ms={"x".join(map(str, t)): round(m, 5) for t, m in sustained.items()},
-                 failed=sorted("x".join(map(str, t)) for t in failures), seconds=round(seconds, 3),
+                 sustained_ms={_label(t): round(m, 5) for t, m in sustained.items()},
+                 failed=sorted(_label(t) for t in failures), seconds=round(seconds, 3),
                  triton=triton.__version__)
     try:
         _store(key, entry)
