@@ -11,7 +11,10 @@ process, so each switch's effect is measured before the code generator learns it
 - ``WS``: the key loop warp-specialized by Triton (``tl.range(..., warp_specialize=True)``);
 - ``LAZY``: the running maximum moves, and the accumulator is rescaled, only when some row's
   tile maximum exceeds it by more than ``2**8`` (in exp2 units); otherwise the stale maximum
-  stays (every ``p = exp2(x - m) <= 2**8``, exact after the final division by the sum).
+  stays (every ``p = exp2(x - m) <= 2**8``, exact after the final division by the sum);
+- ``AHEAD``: the next key tile's scores ``Q·K_{j+1}ᵀ`` issued before the softmax of tile j
+  (FlashAttention-3's intra-warpgroup overlap: the asynchronous wgmma runs while the
+  exponentials of the current tile do; the last iteration recomputes its own tile).
 
 Prints one line per (switches, tile) and the best of each switch set.
 """
@@ -30,9 +33,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 @triton.jit
+def _key_tile(k_ptr, k_desc, base, bh, start_n, offs_d, D: tl.constexpr, BLOCK_N: tl.constexpr, DESC: tl.constexpr):
+    """Kᵀ of the key tile at ``start_n``: [D, BLOCK_N]."""
+    if DESC:
+        return k_desc.load([bh, start_n, 0]).reshape(BLOCK_N, D).T
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    return tl.load(k_ptr + base + offs_n[None, :] * D + offs_d[:, None])
+
+
+@triton.jit
 def _probe_attention(q_ptr, k_ptr, v_ptr, o_ptr, BH, N, qk_scale,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     DESC: tl.constexpr, WS: tl.constexpr, LAZY: tl.constexpr):
+                     DESC: tl.constexpr, WS: tl.constexpr, LAZY: tl.constexpr, AHEAD: tl.constexpr):
     mt = tl.program_id(0)
     bh = tl.program_id(1)
     offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -45,17 +57,20 @@ def _probe_attention(q_ptr, k_ptr, v_ptr, o_ptr, BH, N, qk_scale,
         o_desc = tl.make_tensor_descriptor(o_ptr, [BH, N, D], [N * D, D, 1], [1, BLOCK_M, D])
         q = q_desc.load([bh, mt * BLOCK_M, 0]).reshape(BLOCK_M, D)
     else:
+        k_desc = None
         q = tl.load(q_ptr + base + offs_m[:, None] * D + offs_d[None, :])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if AHEAD:
+        s_next = tl.dot(q, _key_tile(k_ptr, k_desc, base, bh, 0, offs_d, D, BLOCK_N, DESC))
     for start_n in tl.range(0, N, BLOCK_N, warp_specialize=WS):
-        if DESC:
-            k = k_desc.load([bh, start_n, 0]).reshape(BLOCK_N, D).T
+        if AHEAD:
+            s = s_next
+            ahead = tl.minimum(start_n + BLOCK_N, N - BLOCK_N)
+            s_next = tl.dot(q, _key_tile(k_ptr, k_desc, base, bh, ahead, offs_d, D, BLOCK_N, DESC))
         else:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(k_ptr + base + offs_n[None, :] * D + offs_d[:, None])
-        s = tl.dot(q, k)
+            s = tl.dot(q, _key_tile(k_ptr, k_desc, base, bh, start_n, offs_d, D, BLOCK_N, DESC))
         m_tile = tl.max(s, 1) * qk_scale
         if LAZY:
             grow = tl.max(m_tile - m_i, 0)
@@ -92,14 +107,16 @@ def _alloc(size, alignment, stream):
 
 
 TILES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 4)]
-SWITCHES = [dict(DESC=d, WS=w, LAZY=lz) for d, w, lz in itertools.product((False, True), (False, True), (False, True))
-            if not (w and not d)]
+SWITCHES = [dict(DESC=d, WS=w, LAZY=lz, AHEAD=a)
+            for d, w, lz, a in itertools.product((False, True), (False, True), (False, True), (False, True))
+            if not (w and not d) and not (a and (w or lz))]
 
 
 def main():
     import argparse
 
     import fxflash
+    from bench_attention import settled_ms
     from fxflash import variants
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -115,7 +132,7 @@ def main():
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         flops = 4 * B * H * S * S * D
         tf = lambda ms: flops / ms / 1e9  # noqa: E731
-        bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")  # noqa: E731
+        bench = settled_ms
         ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
         print(f"S={S} sdpa {ms:.3f} ms {tf(ms):.0f} TFLOP/s", flush=True)
         rows.append((S, "sdpa", "", ms))

@@ -38,8 +38,7 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
     )
     if region is not None:
         report.steps = list(region.steps) + [
-            f"block sparsity: no per-tile test for {why}; every tile is visited with the mask evaluated"
-            for why in plan.unclassified]
+            f"block sparsity: {why}" for why in plan.unclassified]
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]

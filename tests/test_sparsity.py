@@ -25,7 +25,9 @@ def _atom():
     linear = st.tuples(LINEAR, DIVIDE, COMPARE, st.integers(-20, 20)).map(lambda t: ("cmp",) + t)
     # f(i) - g(j) compared: i // b <= j // b (block-causal), |i % w - j % w| (a 2-D canvas)
     split = st.tuples(AFFINE, AFFINE, COMPARE, st.integers(-10, 10)).map(lambda t: ("cmp2",) + t)
-    return st.one_of(linear, split)
+    # no interval rule (a product of two indices): unknown as an operand of & and |
+    opaque = st.tuples(st.integers(-5, 5), st.integers(2, 4)).map(lambda t: ("opaque",) + t)
+    return st.one_of(linear, split, opaque)
 
 
 def _divide(x, divide):
@@ -56,6 +58,9 @@ def _build(tree, i, j):
     if kind == "cmp2":
         (a1, c1, div1), (a2, c2, div2), op, rhs = tree[1:]
         return _compare(_divide(a1 * i + c1, div1) - _divide(a2 * j + c2, div2), op, rhs)
+    if kind == "opaque":
+        c, d = tree[1:]
+        return (i * j + c) % d != 0
     if kind == "not":
         return ~_build(tree[1], i, j)
     left, right = _build(tree[1], i, j), _build(tree[2], i, j)
@@ -96,7 +101,8 @@ def test_skipping_never_changes_the_output(tree, m, n):
     assert_accurate(fn, args, skipped)
 
 
-@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal"])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal", "dilated_window",
+                                  "neighbourhood_2d"])
 def test_index_masks_skip_tiles(name):
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16))
@@ -106,19 +112,38 @@ def test_index_masks_skip_tiles(name):
     # whole tiles the masks keep are visited with each mask's condition a constant
     assert FULL_LOOP in region.source and "tl.full([1, 1], " in region.source
     assert any("block sparsity" in step for step in region.steps)
+    assert not any("unknown" in step or "no per-tile test" in step for step in region.steps), region.steps
     assert_accurate(variant.fn, args, out)
 
 
-@pytest.mark.parametrize("name", ["dilated_window", "neighbourhood_2d"])
-def test_masks_with_a_remainder_fuse_and_say_why_no_tile_is_skipped(name):
-    """``%`` has a printer but no interval rule (see intervals.RULES): the mask is evaluated
-    per score, every tile visited, and explain() names the mask and the missing rule."""
-    variant = VARIANTS[name]
-    args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16))
-    (region,) = fxflash.explain(variant.fn, *args).regions
-    assert region.fused and SCAN not in region.source
-    assert any("no per-tile test" in step and "remainder" in step for step in region.steps), region.steps
-    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+def _causal_and_opaque(q, k, v):
+    i = torch.arange(q.size(-2))[:, None]
+    j = torch.arange(k.size(-2))[None, :]
+    keep = (j <= i) & ((i * j) % 3 != 0)  # a product of two indices has no interval rule
+    s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def _causal_and_padding(q, k, v, key_mask):
+    keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril() & key_mask  # a boolean tensor
+    s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn, inputs, part", [(_causal_and_opaque, "vanilla", "ne"),
+                                              (_causal_and_padding, "key_padding", "not summarized per tile")],
+                         ids=["product_of_indices", "boolean_tensor"])
+def test_a_conjunct_without_interval_leaves_the_rest_to_skip_tiles(fn, inputs, part):
+    """``causal & x`` with no interval for ``x``: the causal part still empties the tiles
+    above the diagonal, explain() names ``x`` as unknown, and the result is the unskipped one."""
+    args = VARIANTS[inputs].inputs(Shape(B=2, H=2, Hkv=2, M=40, N=40, D=8, Dv=8))
+    report, skipped = _run(fn, args, True)
+    (region,) = report.regions
+    assert region.fused and SCAN in region.source
+    assert any("as unknown" in step and part in step for step in region.steps), region.steps
+    _, visited = _run(fn, args, False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(fn, args, skipped)
 
 
 @pytest.mark.parametrize("divide", [lambda x: x // -4, lambda x: x % -4, lambda x: torch.div(x, 4, rounding_mode="trunc")],

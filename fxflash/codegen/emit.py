@@ -62,7 +62,7 @@ class KernelPlan:
     summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
                              # that axis the launch computes for its BLOCK_N ("summary" args)
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
-    unclassified: tuple = ()  # "mask: why" for each tile mask without a per-tile test (explain())
+    unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -845,12 +845,16 @@ class _Printer:
             self.enter_stream(stream)
             empty_here = []
             for mask in self.r.tile_masks:
+                known = len(ip.unknown)
                 try:
                     iv = ip.of(mask.condition, self.idx_of(mask.condition, self.frame_idx))
                 except (NoInterval, Unprintable) as exc:
                     complete = False
-                    self.unclassified.append(f"{mask.condition.name} ({exc})")
+                    self.unclassified.append(f"no per-tile test for {mask.condition.name} ({exc}); "
+                                             "every tile is visited with the mask evaluated")
                     continue
+                self.unclassified += [f"the per-tile test of {mask.condition.name} takes {part} as unknown: "
+                                      "only the rest of the mask skips tiles" for part in ip.unknown[known:]]
                 if not iv.is_bool:
                     complete = False
                     continue

@@ -15,6 +15,11 @@ reduced in the kernel; for key tiles, a per-tile summary the launch computes onc
 programs (``launch.min_max_per_tile``; one load per chunk of key tiles), so
 ``ids[:, None] == ids[None, :]`` is false on a whole tile when the query tile's ids and the key
 tile's ids do not overlap.
+
+An operand of ``&`` or ``|`` without an interval (a product of two indices, a boolean tensor)
+is *unknown*: ``(must, may) = (False, True)``, true or false anywhere, which keeps every rule
+sound. ``a & unknown`` still empties the tiles ``a`` empties and ``a | unknown`` still fills
+the tiles ``a`` fills; such parts are listed in ``IntervalPrinter.unknown`` for explain().
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, LAYOUTS, constant_value, packet
-from .printers import floor_div_code, positive_int_divisor
+from .printers import Unprintable, floor_div_code, positive_int_divisor
 
 aten = torch.ops.aten
 
@@ -68,6 +73,7 @@ class IntervalPrinter:
         self.key_tiles = key_tiles        # the key tiles' indices (a vector), for their summaries
         self.lines: list[str] = []
         self.count = 0
+        self.unknown: list[str] = []      # "node (why)": junction operands taken as unknown
 
     def bind(self, code: str) -> str:
         self.count += 1
@@ -133,12 +139,29 @@ class IntervalPrinter:
             return _bool(self.bind(f"{x.must} & {must}"), self.bind(f"{x.may} & {may}"))
         rule = RULES.get(p)
         if rule is not None:
-            args = [self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx) for a in node.args]
-            return rule(self, node, args)
+            return rule(self, node, self.operands(node, idx))
         if p in LAYOUTS:
             return self.of(node.args[0], self.p.layout_source_idx(node, idx))
         raise NoInterval(f"{node.name}: no interval rule for {node.target}")
 
+
+    def operands(self, node: fx.Node, idx: tuple) -> list[Interval]:
+        """The intervals of ``node``'s arguments. Boolean operands of ``&`` and ``|`` without
+        an interval are unknown (see the module's doc), unless every operand is."""
+        junction = packet(node.target) in JUNCTIONS and node.meta["val"].dtype is torch.bool
+        out, why = [], []
+        for a in node.args:
+            try:
+                out.append(self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx))
+            except (NoInterval, Unprintable) as exc:
+                if not junction:
+                    raise
+                why.append(f"{getattr(a, 'name', a)} ({exc})")
+                out.append(_bool(ip_bool(False), ip_bool(True)))
+        if why and len(why) == len(out):
+            raise NoInterval("; ".join(why))
+        self.unknown += why
+        return out
 
     def of_tensor(self, node: fx.Node, idx: tuple) -> Interval:
         """A tensor the region reads (not an index expression): an integer input gets the
@@ -149,13 +172,12 @@ class IntervalPrinter:
         if kind in (OpKind.ELEMENTWISE, OpKind.LAYOUT) and node.op == "call_function":
             rule = RULES.get(packet(node.target))
             if rule is not None:
-                args = [self.of(a, self.p.idx_of(a, idx) if _is_tensor(a) else idx) for a in node.args]
-                return rule(self, node, args)
+                return rule(self, node, self.operands(node, idx))
             if kind is OpKind.LAYOUT:
                 return self.of(node.args[0], self.p.layout_source_idx(node, idx))
             raise NoInterval(f"{node.name}: no interval rule")
         if dtype.is_floating_point or dtype is torch.bool:
-            raise NoInterval(f"{node.name}: only integer tensors are summarized")
+            raise NoInterval(f"{node.name}: a {dtype} tensor, not summarized per tile (integer ones are)")
         tile_axes = [(axis, e) for axis, e in enumerate(idx) if e in ("rm", "cn")]
         if len(tile_axes) != 1 or any(e is not None and not e.startswith("fb") and e not in ("rm", "cn")
                                       for e in idx):
@@ -270,6 +292,18 @@ def _div(ip, node, a):
     return _floor_divide(ip, node, a)
 
 
+def _remainder(ip, node, a):
+    """``x mod c``, c > 0, lies in ``[0, c - 1]`` (Python's sign rule), whatever ``x``.
+
+    Deliberately no tighter: a rule that also followed ``x`` within one period (``[lo mod c,
+    hi mod c]`` when ``⌊lo/c⌋ = ⌊hi/c⌋``) was compiled wrongly by Triton 3.6 on an H200 (tile
+    tests that declared every tile empty; ``benchmarks/repro_tile_test_miscompile.py``). The
+    bounds are scalar tensors, not Python ints, so ``~`` and comparisons of them stay boolean
+    tensors."""
+    c = positive_int_divisor(node)
+    return _int(ip.bind("m_lo * 0"), ip.bind(f"m_lo * 0 + {c - 1}"))
+
+
 def _where(ip, node, a):
     c, x, y = a
     if x.is_bool:
@@ -279,13 +313,7 @@ def _where(ip, node, a):
 
 RULES = {
     aten.add: _add, aten.sub: _sub, aten.neg: _neg, aten.mul: _mul, aten.abs: _abs,
-    # No rule for aten.remainder: one (x mod c spans [lo mod c, hi mod c] within a period,
-    # [0, c - 1] across) was sound under the interpreter, but Triton 3.6 on an H200 compiled
-    # the neighbourhood_2d tile tests built from it wrongly (every key tile declared empty:
-    # whole rows NaN; correct with a device_print inserted, so a miscompile: standalone repro
-    # benchmarks/repro_tile_test_miscompile.py). Masks with a remainder fuse and are evaluated
-    # per score, tiles unskipped.
-    aten.floor_divide: _floor_divide, aten.div: _div,
+    aten.floor_divide: _floor_divide, aten.div: _div, aten.remainder: _remainder,
     aten.maximum: _minmax("tl.maximum"), aten.minimum: _minmax("tl.minimum"),
     aten.le: _compare("le"), aten.lt: _compare("lt"), aten.ge: _compare("ge"), aten.gt: _compare("gt"),
     aten.eq: _compare("eq"), aten.ne: _compare("ne"),
@@ -293,3 +321,4 @@ RULES = {
     aten.logical_not: _not, aten.bitwise_not: _not,
     aten._to_copy: _same, aten.clone: _same, aten.alias: _same, aten.where: _where,
 }
+JUNCTIONS = (aten.logical_and, aten.bitwise_and, aten.logical_or, aten.bitwise_or)

@@ -1,0 +1,185 @@
+"""Hardware-counter profiles (Nsight Compute) of fxflash's kernels beside the systems they race.
+
+    PYTHONPATH=. python benchmarks/profile_ncu.py --out-dir DIR [--cases vanilla:fxflash …]
+    python benchmarks/profile_ncu.py --summarize DIR > summary.md
+
+The first form runs, for each ``case:system``, one process under ``ncu --set full
+--clock-control none --profile-from-start off`` (METHOD.md: leave the clocks alone): the
+process builds the call, calls it until it is compiled and tuned, and profiles one more call
+between ``cudaProfilerStart``/``Stop``, so only that call's kernels are replayed. Each
+profile's metrics go to ``DIR/<case>_<seqlen>_<system>_raw.csv`` (``ncu --page raw --csv``) and, for
+fxflash, per-SASS-instruction samples to ``…_sass.csv``. The second form prints one table
+per profile from those files: time, registers, occupancy, issue-slot use, the busiest pipes
+and the top warp-stall reasons.
+
+Cases (bf16, the suite's shapes): ``vanilla``, ``alibi``, ``causal`` (16 heads, head dim 64,
+16k tokens, ``--seqlen``, default 16384); ``evoformer_row`` (B 8, N_seq = S = 256, 4 heads,
+head dim 64); ``diff_attention`` (32 heads of dim 64 in pairs, ``--seqlen`` tokens per row,
+16k tokens). Systems: ``fxflash``, ``sdpa``, ``flex_kernel``, ``torch_compile``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+DEFAULT_CASES = ["vanilla:fxflash", "vanilla:sdpa", "alibi:fxflash", "alibi:flex_kernel",
+                 "causal:fxflash", "causal:flex_kernel", "evoformer_row:fxflash:256",
+                 "evoformer_row:torch_compile:256", "diff_attention:fxflash:512",
+                 "diff_attention:torch_compile:512"]
+
+
+def calls_for(case: str, seqlen: int):
+    """{system: zero-argument call} for one case (imports torch and fxflash only here)."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import bench_attention as bench
+    import fxflash
+
+    if case in ("evoformer_row", "diff_attention"):
+        wanted = dict(evoformer_row=dict(B=8 * 256, D=64), diff_attention=dict(M=seqlen, D=64))[case]
+        fields, fn, args, _ = next(c for c in bench.beyond_cases(case, [seqlen], "cuda", torch.bfloat16)
+                                   if all(c[0][k] == v for k, v in wanted.items()))
+        fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
+        return {"fxflash": lambda: fast(*args), "torch_compile": lambda: compiled(*args)}
+    S = seqlen
+    fn, args, score_mod, mask_mod, sdpa = bench.case(case, max(1, 16384 // S), 16, 16, S, 64, "cuda",
+                                                     torch.bfloat16)
+    q, k, v = args[:3]
+    flex, create_block_mask = bench.flex_api()
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S, device="cuda")
+    fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
+    calls = {"fxflash": lambda: fast(*args), "torch_compile": lambda: compiled(*args),
+             "flex_kernel": lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)}
+    if sdpa is not None:
+        calls["sdpa"] = lambda: sdpa(q, k, v)
+    return calls
+
+
+def profile_target(case: str, system: str, seqlen: int) -> None:
+    """Warm the call (compile, tune), then run it once inside the profiler's range."""
+    import torch
+
+    call = calls_for(case, seqlen)[system]
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def ncu_binary() -> str:
+    found = shutil.which("ncu") or sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")
+                                          + glob.glob("/usr/local/cuda*/bin/ncu"))[-1:]
+    if not found:
+        raise SystemExit("ncu (Nsight Compute) not found on PATH or under /opt/nvidia/nsight-compute")
+    return found if isinstance(found, str) else found[0]
+
+
+def profile_all(cases, seqlen: int, out_dir: str) -> None:
+    ncu = ncu_binary()
+    os.makedirs(out_dir, exist_ok=True)
+    for item in cases:
+        case, system, *length = item.split(":")
+        length = int(length[0]) if length else seqlen
+        name = f"{case}_{length}_{system}"
+        report = os.path.join(out_dir, name)
+        target = [sys.executable, os.path.abspath(__file__), "--target", f"{case}:{system}", "--seqlen", str(length)]
+        run = subprocess.run([ncu, "--profile-from-start", "off", "--clock-control", "none", "--set", "full",
+                              "--import-source", "no", "-f", "-o", report] + target,
+                             capture_output=True, text=True)
+        print(f"== {name}: ncu exit {run.returncode}\n{run.stdout[-1500:]}{run.stderr[-1500:]}", flush=True)
+        pages = [("raw", [])] + ([("sass", ["--page", "source", "--print-source", "sass"])]
+                                 if system == "fxflash" else [])
+        for suffix, page in pages:
+            args = [ncu, "--import", report + ".ncu-rep", "--csv"] + (page or ["--page", "raw"])
+            with open(f"{report}_{suffix}.csv", "w") as f:
+                done = subprocess.run(args, stdout=f, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                print(f"   {suffix} page: exit {done.returncode}: {done.stderr[-500:]}", flush=True)
+
+
+# ------------------------------------------------------------------ summary of the raw pages
+
+HEADLINE = [("time (µs)", "gpu__time_duration.sum", 1e-3),
+            ("registers/thread", "launch__registers_per_thread", 1),
+            ("grid", "launch__grid_size", 1), ("threads", "launch__block_size", 1),
+            ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", 1),
+            ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+            ("DRAM throughput %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
+            ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1)]
+PIPE = re.compile(r"^sm__(?:inst_executed_)?pipe_(\w+?)(?:_cycles_active)?\.avg\.pct_of_peak_sustained_active$")
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+
+
+def read_raw(path: str) -> list[dict]:
+    """Rows of ``ncu --page raw --csv`` (one per kernel; the second line holds units)."""
+    with open(path) as f:
+        lines = [line for line in f if line.startswith('"')]
+    rows = list(csv.DictReader(lines))
+    return rows[1:] if rows and rows[0].get("ID", "") == "" else rows
+
+
+def number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except (AttributeError, ValueError):
+        return None
+
+
+def summarize(out_dir: str) -> str:
+    out = []
+    for path in sorted(glob.glob(os.path.join(out_dir, "*_raw.csv"))):
+        rows = read_raw(path)
+        if not rows:
+            continue
+        out.append(f"### {os.path.basename(path)[:-8]}\n")
+        out.append("| kernel | " + " | ".join(label for label, _, _ in HEADLINE) + " | busiest pipes (% of peak) "
+                   "| top stalls (cycles per issue) |")
+        out.append("|---" * (len(HEADLINE) + 3) + "|")
+        for row in rows:
+            cells = []
+            for _, metric, scale in HEADLINE:
+                value = number(row.get(metric, ""))
+                cells.append("" if value is None else f"{value * scale:.4g}")
+            pipes = sorted(((number(v) or 0.0, m.group(1)) for k, v in row.items() if (m := PIPE.match(k))),
+                           reverse=True)
+            stalls = sorted(((number(v) or 0.0, m.group(1)) for k, v in row.items() if (m := STALL.match(k))),
+                            reverse=True)
+            name = row.get("Kernel Name", "?")[:40]
+            out.append(f"| {name} | " + " | ".join(cells) + " | "
+                       + ", ".join(f"{p} {v:.0f}" for v, p in pipes[:5]) + " | "
+                       + ", ".join(f"{s} {v:.2f}" for v, s in stalls[:5]) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="*", default=DEFAULT_CASES,
+                        help="case:system[:seqlen] (the Evoformer's seqlen is always 256)")
+    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--out-dir")
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--summarize", metavar="DIR")
+    opts = parser.parse_args()
+    if opts.target:
+        profile_target(*opts.target.split(":"), opts.seqlen)
+    elif opts.summarize:
+        print(summarize(opts.summarize))
+    elif opts.out_dir:
+        profile_all(opts.cases, opts.seqlen, opts.out_dir)
+    else:
+        parser.error("give --out-dir (profile) or --summarize DIR")
+
+
+if __name__ == "__main__":
+    main()
