@@ -10,7 +10,8 @@ between ``cudaProfilerStart``/``Stop``, so only that call's kernels are replayed
 profile's metrics go to ``DIR/<case>_<seqlen>_<system>_raw.csv`` (``ncu --page raw --csv``) and, for
 fxflash, per-SASS-instruction samples to ``…_sass.csv``. The second form prints one table
 per profile from those files: time, registers, occupancy, issue-slot use, the busiest pipes
-and the top warp-stall reasons.
+and the top warp-stall reasons; for fxflash's kernel also the share of instructions and of
+stall samples per SASS opcode.
 
 Cases (bf16, the suite's shapes): ``vanilla``, ``alibi``, ``causal`` (16 heads, head dim 64,
 16k tokens, ``--seqlen``, default 16384); ``evoformer_row`` (B 8, N_seq = S = 256, 4 heads,
@@ -109,23 +110,36 @@ def profile_all(cases, seqlen: int, out_dir: str) -> None:
 
 # ------------------------------------------------------------------ summary of the raw pages
 
-HEADLINE = [("time (µs)", "gpu__time_duration.sum", 1e-3),
-            ("registers/thread", "launch__registers_per_thread", 1),
-            ("grid", "launch__grid_size", 1), ("threads", "launch__block_size", 1),
-            ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", 1),
-            ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
-            ("DRAM throughput %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
-            ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active", 1)]
+HEADLINE = [("time (µs)", "gpu__time_duration.sum"),
+            ("registers/thread", "launch__registers_per_thread"),
+            ("grid", "launch__grid_size"), ("threads", "launch__block_size"),
+            ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+            ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+            ("DRAM throughput %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+            ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active")]
+TO_MICROSECONDS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+# a pipe's use as ncu reports it: cycles active, or instructions issued (the XU's only form);
+# "tensor" and "shared" repeat tensor_op_hmma's cycles (the pipe the tensor cores share)
 PIPE = re.compile(r"^sm__(?:inst_executed_)?pipe_(\w+?)(?:_cycles_active)?\.avg\.pct_of_peak_sustained_active$")
+ALIASES = ("tensor", "shared")
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 
 
 def read_raw(path: str) -> list[dict]:
-    """Rows of ``ncu --page raw --csv`` (one per kernel; the second line holds units)."""
+    """Rows of ``ncu --page raw --csv``, one per kernel, times converted to µs (the file's
+    second line holds each metric's unit)."""
     with open(path) as f:
         lines = [line for line in f if line.startswith('"')]
     rows = list(csv.DictReader(lines))
-    return rows[1:] if rows and rows[0].get("ID", "") == "" else rows
+    if not rows:
+        return rows
+    units, rows = rows[0], rows[1:]
+    scale = TO_MICROSECONDS.get(units.get("gpu__time_duration.sum", ""), 1.0)
+    for row in rows:
+        value = number(row.get("gpu__time_duration.sum", ""))
+        if value is not None:
+            row["gpu__time_duration.sum"] = str(value * scale)
+    return rows
 
 
 def number(text: str) -> float | None:
@@ -135,6 +149,38 @@ def number(text: str) -> float | None:
         return None
 
 
+def read_sass(path: str, kernel: str = "fxflash_region") -> list[dict]:
+    """SASS lines of ``kernel`` from ``ncu --page source --csv`` (one block per kernel)."""
+    rows, name, header = [], None, None
+    with open(path) as f:
+        for record in csv.reader(f):
+            if record and record[0] == "Kernel Name":
+                name, header = record[1], None
+            elif record and record[0] == "Address":
+                header = record
+            elif record and header and name and kernel in name:
+                rows.append(dict(zip(header, record)))
+    return rows
+
+
+def opcode_table(rows: list[dict], top: int = 12) -> list[str]:
+    """Share of executed warp instructions and of warp-stall samples per SASS opcode."""
+    executed, sampled, lines = {}, {}, {}
+    for row in rows:
+        words = row.get("Source", "").split()
+        words = words[1:] if words and words[0].startswith("@") else words  # a predicate
+        op = words[0].split(".")[0] if words else "?"
+        executed[op] = executed.get(op, 0.0) + (number(row.get("Instructions Executed", "")) or 0.0)
+        sampled[op] = sampled.get(op, 0.0) + (number(row.get("Warp Stall Sampling (All Samples)", "")) or 0.0)
+        lines[op] = lines.get(op, 0) + 1
+    total_x, total_s = sum(executed.values()) or 1.0, sum(sampled.values()) or 1.0
+    out = [f"{len(rows)} SASS lines, {total_x:.3g} warp instructions executed, {total_s:.0f} stall samples", "",
+           "| opcode | lines | % of instructions | % of stall samples |", "|---|---|---|---|"]
+    for op in sorted(executed, key=lambda o: -executed[o])[:top]:
+        out.append(f"| {op} | {lines[op]} | {100 * executed[op] / total_x:.1f} | {100 * sampled[op] / total_s:.1f} |")
+    return out + [""]
+
+
 def summarize(out_dir: str) -> str:
     out = []
     for path in sorted(glob.glob(os.path.join(out_dir, "*_raw.csv"))):
@@ -142,16 +188,19 @@ def summarize(out_dir: str) -> str:
         if not rows:
             continue
         out.append(f"### {os.path.basename(path)[:-8]}\n")
-        out.append("| kernel | " + " | ".join(label for label, _, _ in HEADLINE) + " | busiest pipes (% of peak) "
+        out.append("| kernel | " + " | ".join(label for label, _ in HEADLINE) + " | busiest pipes (% of peak) "
                    "| top stalls (cycles per issue) |")
         out.append("|---" * (len(HEADLINE) + 3) + "|")
         for row in rows:
             cells = []
-            for _, metric, scale in HEADLINE:
+            for _, metric in HEADLINE:
                 value = number(row.get(metric, ""))
-                cells.append("" if value is None else f"{value * scale:.4g}")
-            pipes = sorted(((number(v) or 0.0, m.group(1)) for k, v in row.items() if (m := PIPE.match(k))),
-                           reverse=True)
+                cells.append("" if value is None else f"{value:.4g}")
+            busy = {}
+            for key, value in row.items():
+                if (m := PIPE.match(key)) and m.group(1) not in ALIASES:
+                    busy[m.group(1)] = max(busy.get(m.group(1), 0.0), number(value) or 0.0)
+            pipes = sorted(((v, p) for p, v in busy.items()), reverse=True)
             stalls = sorted(((number(v) or 0.0, m.group(1)) for k, v in row.items() if (m := STALL.match(k))),
                             reverse=True)
             name = row.get("Kernel Name", "?")[:40]
@@ -159,6 +208,9 @@ def summarize(out_dir: str) -> str:
                        + ", ".join(f"{p} {v:.0f}" for v, p in pipes[:5]) + " | "
                        + ", ".join(f"{s} {v:.2f}" for v, s in stalls[:5]) + " |")
         out.append("")
+        sass = path[:-len("_raw.csv")] + "_sass.csv"
+        if os.path.exists(sass):
+            out += ["fxflash_region by SASS opcode:", ""] + opcode_table(read_sass(sass))
     return "\n".join(out)
 
 

@@ -96,7 +96,7 @@ def test_torch_compile_dynamic_on_gpu():
 
 
 @pytest.mark.parametrize("name,n", [("causal", 1000), ("sliding_window", 1000), ("prefix_lm", 1000),
-                                    ("block_causal", 1000),
+                                    ("block_causal", 1000), ("dilated_window", 1000), ("neighbourhood_2d", 1000),
                                     ("document_mask", 1000), ("document_mask", 5000), ("causal", 9000)])
 def test_tile_skipping_on_gpu_changes_nothing(name, n):
     """Skipped tiles, full tiles with their masks folded, several chunks of tile tests
