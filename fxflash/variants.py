@@ -167,6 +167,15 @@ def key_padding(q, k, v, key_mask):
     return torch.softmax(s, dim=-1) @ v
 
 
+def key_lengths(q, k, v, lengths):
+    """Padded batches given by per-batch lengths ``[B]``: keys at or past a sequence's length
+    are padding."""
+    keep = torch.arange(k.size(-2), device=k.device)[None, :] < lengths[:, None]
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
 def additive_mask(q, k, v, bias):
     """A float mask ``[B, 1, M, N]`` added to the scores."""
     s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5 + bias
@@ -332,6 +341,13 @@ def _with_key_mask(s, dtype, device):
     return (*_mha(s, dtype, device), mask.to(device))
 
 
+def _with_lengths(s, dtype, device):
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, s.N + 1, (s.B,), generator=g)
+    lengths[0] = s.N
+    return (*_mha(s, dtype, device), lengths.to(device))
+
+
 def _with_bias(s, dtype, device):
     g = torch.Generator().manual_seed(3)
     bias = torch.randn(s.B, 1, s.M, s.N, generator=g).to(dtype=dtype, device=device)
@@ -436,6 +452,7 @@ VARIANTS = {
         Variant("neighbourhood_2d", neighbourhood_2d, _mha),
         Variant("document_mask", document_mask, _with_doc_ids, square=True),
         Variant("key_padding", key_padding, _with_key_mask),
+        Variant("key_lengths", key_lengths, _with_lengths),
         Variant("additive_mask", additive_mask, _with_bias),
         Variant("diff_attention", diff_attention, _diff),
         Variant("diff_transformer", diff_transformer, _diff_transformer),

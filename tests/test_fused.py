@@ -12,7 +12,7 @@ from helpers import assert_accurate
 SOFTMAX_FAMILY = [
     "vanilla", "scale_q_first", "manual_softmax", "bshd", "gqa_repeat_interleave", "gqa_expand",
     "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal", "dilated_window",
-    "neighbourhood_2d", "document_mask", "key_padding", "additive_mask",
+    "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
 ]
 BEYOND_TEMPLATE = [
     "diff_attention", "diff_transformer", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",

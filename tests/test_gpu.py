@@ -97,7 +97,8 @@ def test_torch_compile_dynamic_on_gpu():
 
 @pytest.mark.parametrize("name,n", [("causal", 1000), ("sliding_window", 1000), ("prefix_lm", 1000),
                                     ("block_causal", 1000), ("dilated_window", 1000), ("neighbourhood_2d", 1000),
-                                    ("document_mask", 1000), ("document_mask", 5000), ("causal", 9000)])
+                                    ("document_mask", 1000), ("document_mask", 5000), ("causal", 9000),
+                                    ("key_padding", 1000), ("key_lengths", 1000)])
 def test_tile_skipping_on_gpu_changes_nothing(name, n):
     """Skipped tiles, full tiles with their masks folded, several chunks of tile tests
     (128 tiles per chunk for index masks, 32 for id summaries) — bit for bit the kernel that

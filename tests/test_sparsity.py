@@ -124,19 +124,20 @@ def _causal_and_opaque(q, k, v):
     return torch.softmax(s, dim=-1) @ v
 
 
-def _causal_and_padding(q, k, v, key_mask):
-    keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril() & key_mask  # a boolean tensor
+def _causal_and_allowed(q, k, v, allowed):
+    keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril() & allowed  # read along both tile axes
     s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
-@pytest.mark.parametrize("fn, inputs, part", [(_causal_and_opaque, "vanilla", "ne"),
-                                              (_causal_and_padding, "key_padding", "not summarized per tile")],
-                         ids=["product_of_indices", "boolean_tensor"])
-def test_a_conjunct_without_interval_leaves_the_rest_to_skip_tiles(fn, inputs, part):
+@pytest.mark.parametrize("fn, part", [(_causal_and_opaque, "ne"), (_causal_and_allowed, "more than one tile axis")],
+                         ids=["product_of_indices", "boolean_matrix"])
+def test_a_conjunct_without_interval_leaves_the_rest_to_skip_tiles(fn, part):
     """``causal & x`` with no interval for ``x``: the causal part still empties the tiles
     above the diagonal, explain() names ``x`` as unknown, and the result is the unskipped one."""
-    args = VARIANTS[inputs].inputs(Shape(B=2, H=2, Hkv=2, M=40, N=40, D=8, Dv=8))
+    args = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=40, N=40, D=8, Dv=8))
+    if fn is _causal_and_allowed:
+        args += (torch.rand(40, 40, generator=torch.Generator().manual_seed(0)) > 0.2,)
     report, skipped = _run(fn, args, True)
     (region,) = report.regions
     assert region.fused and SCAN in region.source
@@ -144,6 +145,24 @@ def test_a_conjunct_without_interval_leaves_the_rest_to_skip_tiles(fn, inputs, p
     _, visited = _run(fn, args, False)
     torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
     assert_accurate(fn, args, skipped)
+
+
+@pytest.mark.parametrize("name", ["key_padding", "key_lengths"])
+def test_padding_masks_skip_tiles(name):
+    """A boolean key-padding mask ``[B, 1, 1, N]`` is summarized per key tile like document ids
+    (False throughout: empty; True throughout: full), per-batch lengths are read once per
+    program: trailing padding is never visited, and the result is the unskipped one."""
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=3, H=2, Hkv=2, M=40, N=70, D=8, Dv=8))
+    if name == "key_padding":
+        args[3][1:, ..., 9:] = False  # trailing padding of batches 1 and 2
+    report, skipped = _run(variant.fn, args, True)
+    (region,) = report.regions
+    assert SCAN in region.source and FULL_LOOP in region.source
+    assert not any("unknown" in step or "no per-tile test" in step for step in region.steps), region.steps
+    _, visited = _run(variant.fn, args, False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(variant.fn, args, skipped)
 
 
 @pytest.mark.parametrize("divide", [lambda x: x // -4, lambda x: x % -4, lambda x: torch.div(x, 4, rounding_mode="trunc")],
@@ -164,11 +183,11 @@ def test_divisions_without_a_rule_fuse_without_skipping(divide):
     assert_accurate(masked, args, fxflash.optimize(masked)(*args))
 
 
-def test_additive_biases_and_key_padding_masks_do_not_skip():
-    for name in ("additive_mask", "key_padding"):
-        variant = VARIANTS[name]
-        (region,) = fxflash.explain(variant.fn, *variant.inputs(Shape(M=20, N=20))).regions
-        assert region.fused and SCAN not in region.source and FULL_LOOP not in region.source
+def test_additive_biases_do_not_skip():
+    """A float bias (even one of -inf) has no per-tile test: every tile is visited."""
+    variant = VARIANTS["additive_mask"]
+    (region,) = fxflash.explain(variant.fn, *variant.inputs(Shape(M=20, N=20))).regions
+    assert region.fused and SCAN not in region.source and FULL_LOOP not in region.source
 
 
 IDS = st.lists(st.integers(-3, 3), min_size=2, max_size=60)

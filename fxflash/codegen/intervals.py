@@ -14,10 +14,12 @@ An integer tensor read along one tile axis (document ids ``ids[n]``) gets the ex
 reduced in the kernel; for key tiles, a per-tile summary the launch computes once for all
 programs (``launch.min_max_per_tile``; one load per chunk of key tiles), so
 ``ids[:, None] == ids[None, :]`` is false on a whole tile when the query tile's ids and the key
-tile's ids do not overlap.
+tile's ids do not overlap. A boolean tensor is summarized the same way as 0/1 (a key-padding
+mask ``[B, 1, 1, N]``: a key tile where it is False throughout is empty), and an input read at
+batch indices only has its exact value (per-batch lengths: ``j < lengths[b]``).
 
-An operand of ``&`` or ``|`` without an interval (a product of two indices, a boolean tensor)
-is *unknown*: ``(must, may) = (False, True)``, true or false anywhere, which keeps every rule
+An operand of ``&`` or ``|`` without an interval (a product of two indices, a mask read along
+both tile axes, a float comparison) is *unknown*: ``(must, may) = (False, True)``, true or false anywhere, which keeps every rule
 sound. ``a & unknown`` still empties the tiles ``a`` empties and ``a | unknown`` still fills
 the tiles ``a`` fills; such parts are listed in ``IntervalPrinter.unknown`` for explain().
 """
@@ -165,8 +167,9 @@ class IntervalPrinter:
 
     def of_tensor(self, node: fx.Node, idx: tuple) -> Interval:
         """A tensor the region reads (not an index expression): an integer input gets the
-        min/max of its values over the tile range of the one tile axis it is read along;
-        elementwise and layout ops on such inputs follow the same rules as index ones."""
+        min/max of its values over the tile range of the one tile axis it is read along (its
+        exact value if read at batch indices only), a boolean one ``(must, may)`` from the same
+        min/max; elementwise and layout ops on such inputs follow the same rules as index ones."""
         kind = self.p.kinds.get(node)
         dtype = node.meta["val"].dtype
         if kind in (OpKind.ELEMENTWISE, OpKind.LAYOUT) and node.op == "call_function":
@@ -176,12 +179,25 @@ class IntervalPrinter:
             if kind is OpKind.LAYOUT:
                 return self.of(node.args[0], self.p.layout_source_idx(node, idx))
             raise NoInterval(f"{node.name}: no interval rule")
-        if dtype.is_floating_point or dtype is torch.bool:
-            raise NoInterval(f"{node.name}: a {dtype} tensor, not summarized per tile (integer ones are)")
+        if dtype.is_floating_point:
+            raise NoInterval(f"{node.name}: a {dtype} tensor, not summarized per tile (integer and boolean ones are)")
+        values = self.of_integer_input(node, idx)
+        if dtype is torch.bool:  # False < True: all true where the minimum is, some where the maximum is
+            return _bool(self.bind(f"({values.lo}) != 0"), self.bind(f"({values.hi}) != 0"))
+        return values
+
+    def of_integer_input(self, node: fx.Node, idx: tuple) -> Interval:
+        """``[min, max]`` of an integer (or boolean, as 0/1) input over the tile: its exact value
+        where it is read at batch indices only (per-batch lengths), the reduction of the query
+        tile's values, or the key tiles' summaries."""
         tile_axes = [(axis, e) for axis, e in enumerate(idx) if e in ("rm", "cn")]
-        if len(tile_axes) != 1 or any(e is not None and not e.startswith("fb") and e not in ("rm", "cn")
-                                      for e in idx):
+        if len(tile_axes) > 1 or any(e is not None and not e.startswith("fb") and e not in ("rm", "cn")
+                                     for e in idx):
             raise NoInterval(f"{node.name}: read along more than one tile axis")
+        if not tile_axes:  # one value per program
+            ptr, offset = self.p.input_address(node, idx)
+            value = self.bind(f"tl.load({ptr} + {offset}).to(tl.int64)")
+            return _int(value, value)
         (axis, e), = tile_axes
         big = "9223372036854775807"
         if e == "rm":   # the one query tile: a vector of its rows
