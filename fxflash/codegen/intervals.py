@@ -19,9 +19,10 @@ mask ``[B, 1, 1, N]``: a key tile where it is False throughout is empty), and an
 batch indices only has its exact value (per-batch lengths: ``j < lengths[b]``).
 
 An operand of ``&`` or ``|`` without an interval (a product of two indices, a mask read along
-both tile axes, a float comparison) is *unknown*: ``(must, may) = (False, True)``, true or false anywhere, which keeps every rule
-sound. ``a & unknown`` still empties the tiles ``a`` empties and ``a | unknown`` still fills
-the tiles ``a`` fills; such parts are listed in ``IntervalPrinter.unknown`` for explain().
+both tile axes, a float comparison) is *unknown*: ``(must, may) = (False, True)``, true or
+false anywhere, which keeps every rule sound. ``a & unknown`` still empties the tiles ``a``
+empties and ``a | unknown`` still fills the tiles ``a`` fills; such parts are listed in
+``IntervalPrinter.unknown`` for explain().
 """
 from __future__ import annotations
 
@@ -145,7 +146,6 @@ class IntervalPrinter:
         if p in LAYOUTS:
             return self.of(node.args[0], self.p.layout_source_idx(node, idx))
         raise NoInterval(f"{node.name}: no interval rule for {node.target}")
-
 
     def operands(self, node: fx.Node, idx: tuple) -> list[Interval]:
         """The intervals of ``node``'s arguments. Boolean operands of ``&`` and ``|`` without
