@@ -5,8 +5,9 @@
 
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
 batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Further index
-masks, by ``--variants`` only (``INDEX_MASKS``): block-causal blocks of 256, a dilated window
-(512 keys each side, every 2nd), 2-D neighbourhoods of radius 8 on a √S × √S canvas. Times are medians
+masks, by ``--variants`` only (``EXTRA_MASKS``): block-causal blocks of 256, a dilated window
+(512 keys each side, every 2nd), 2-D neighbourhoods of radius 8 on a √S × √S canvas, and key
+padding from per-batch lengths (``key_lengths``: lengths drawn uniformly from [S/4, S]). Times are medians
 of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built once, cached,
 as its users do) and its ``create_block_mask`` time are separate rows. Each system is timed
 from the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``).
@@ -123,6 +124,12 @@ def case(name: str, B, H, Hkv, S, D, device, dtype):
         def mask_mod(b, h, qi, ki):
             return (((qi // width - ki // width).abs() <= NEIGHBOURHOOD)
                     & ((qi % width - ki % width).abs() <= NEIGHBOURHOOD))
+    elif name == "key_lengths":
+        lengths = torch.randint(S // 4, S + 1, (B,), generator=torch.Generator().manual_seed(4)).to(device)
+        fn, args = V.key_lengths, (q, k, v, lengths)
+
+        def mask_mod(b, h, qi, ki):
+            return ki < lengths[b]
     elif name == "document_mask":
         ids = document_ids(S, DOCS, device)
         fn, args = V.document_mask, (q, k, v, ids)
@@ -276,10 +283,10 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                     calls["torch_compile"] = lambda: compiled(*args)
                     block_mask = None
                     if mask_mod is not None:
-                        block_mask = create_block_mask(mask_mod, B if name == "document_mask" else None, None, S, S,
+                        block_mask = create_block_mask(mask_mod, B if name in PER_BATCH_MASKS else None, None, S, S,
                                                        device=device)
                         calls["flex_blockmask"] = lambda: create_block_mask(
-                            mask_mod, B if name == "document_mask" else None, None, S, S, device=device)
+                            mask_mod, B if name in PER_BATCH_MASKS else None, None, S, S, device=device)
                     calls["flex_kernel"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                         enable_gqa=gqa)
                     if sdpa is not None:
@@ -374,7 +381,8 @@ def run_beyond(variants, seqlens, out_path, systems=None, resume=False):
                 torch.cuda.empty_cache()
 
 
-INDEX_MASKS = ["block_causal", "dilated_window", "neighbourhood_2d"]  # --variants only
+EXTRA_MASKS = ["block_causal", "dilated_window", "neighbourhood_2d", "key_lengths"]  # --variants only
+PER_BATCH_MASKS = ("document_mask", "key_lengths")  # FlexAttention's block mask is built per batch
 SUITES = {
     "softmax": ["vanilla", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask"],
     "beyond": ["diff_attention", "evoformer_row", "sigmoid_attention", "relu_attention"],

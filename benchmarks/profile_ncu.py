@@ -49,12 +49,12 @@ def calls_for(case: str, seqlen: int):
                                    if all(c[0][k] == v for k, v in wanted.items()))
         fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
         return {"fxflash": lambda: fast(*args), "torch_compile": lambda: compiled(*args)}
-    S = seqlen
-    fn, args, score_mod, mask_mod, sdpa = bench.case(case, max(1, 16384 // S), 16, 16, S, 64, "cuda",
-                                                     torch.bfloat16)
+    S, B = seqlen, max(1, 16384 // seqlen)
+    fn, args, score_mod, mask_mod, sdpa = bench.case(case, B, 16, 16, S, 64, "cuda", torch.bfloat16)
     q, k, v = args[:3]
     flex, create_block_mask = bench.flex_api()
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, S, S, device="cuda")
+    block_mask = None if mask_mod is None else create_block_mask(
+        mask_mod, B if case in bench.PER_BATCH_MASKS else None, None, S, S, device="cuda")
     fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
     calls = {"fxflash": lambda: fast(*args), "torch_compile": lambda: compiled(*args),
              "flex_kernel": lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)}
