@@ -216,6 +216,34 @@ def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, n
     assert_accurate(documents, args, skipped)
 
 
+RUNS = st.lists(st.tuples(st.booleans(), st.integers(2, 30)), min_size=1, max_size=5)  # (value, length) runs
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key_runs=RUNS, query_runs=RUNS, combine=st.sampled_from(["key", "query", "and", "or"]))
+def test_boolean_masks_skip_tiles_from_per_tile_min_and_max(key_runs, query_runs, combine):
+    """Boolean padding masks along the keys ``[1, N]`` and the queries ``[M, 1]`` (runs of
+    True and False, alone or combined): skipping by their summaries never changes the output."""
+    def padded(q, k, v, key_keep, query_keep):
+        keep = {"key": key_keep, "query": query_keep, "and": key_keep & query_keep,
+                "or": key_keep | query_keep}[combine]
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    def mask(runs):
+        return torch.tensor([value for value, n in runs for _ in range(n)])
+
+    key_keep, query_keep = mask(key_runs)[None, :], mask(query_runs)[:, None]
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=query_keep.size(0), N=key_keep.size(1),
+                                               D=8, Dv=8))
+    args = (q, k, v, key_keep, query_keep)
+    report, skipped = _run(padded, args, True)
+    assert report.regions[0].fused and SCAN in report.regions[0].source
+    _, visited = _run(padded, args, False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(padded, args, skipped)
+
+
 def test_per_batch_document_ids_skip_tiles_from_their_own_summaries():
     """Ids ``[B, N]`` (one packing per batch row): each program classifies key tiles by the
     summaries of its own batch row."""
