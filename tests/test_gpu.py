@@ -8,7 +8,7 @@ import fxflash
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 from test_fused import FUSED_VARIANTS
-from test_sparsity import MASKS, _program, _run
+from test_sparsity import COMBINE, MASKS, _padded_program, _padding_args, _program, _run, runs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -126,6 +126,19 @@ def test_random_index_masks_skip_tiles_soundly_on_gpu(tree, m, n):
     args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=m, N=n, D=32, Dv=32), torch.float16, "cuda")
     _, skipped = _run(fn, args, True)
     _, visited = _run(fn, args, False)
+    torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(key_runs=runs(150), query_runs=runs(150), combine=COMBINE)
+def test_boolean_masks_skip_tiles_soundly_on_gpu(key_runs, query_runs, combine):
+    """The CPU property test's boolean padding masks (keys, queries, both) compiled for the GPU:
+    their per-tile summaries (key tiles) and in-kernel reductions (query tiles) as machine
+    code; skipping changes nothing, bit for bit."""
+    padded = _padded_program(combine)
+    args = _padding_args(key_runs, query_runs, torch.float16, "cuda")
+    _, skipped = _run(padded, args, True)
+    _, visited = _run(padded, args, False)
     torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
 
 

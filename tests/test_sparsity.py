@@ -216,27 +216,40 @@ def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, n
     assert_accurate(documents, args, skipped)
 
 
-RUNS = st.lists(st.tuples(st.booleans(), st.integers(2, 30)), min_size=1, max_size=5)  # (value, length) runs
+def runs(longest: int):
+    """Boolean masks as runs of (value, length), lengths 2 to ``longest``."""
+    return st.lists(st.tuples(st.booleans(), st.integers(2, longest)), min_size=1, max_size=5)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(key_runs=RUNS, query_runs=RUNS, combine=st.sampled_from(["key", "query", "and", "or"]))
-def test_boolean_masks_skip_tiles_from_per_tile_min_and_max(key_runs, query_runs, combine):
-    """Boolean padding masks along the keys ``[1, N]`` and the queries ``[M, 1]`` (runs of
-    True and False, alone or combined): skipping by their summaries never changes the output."""
+COMBINE = st.sampled_from(["key", "query", "and", "or"])
+
+
+def _padded_program(combine: str):
+    """Attention under a key mask ``[1, N]``, a query mask ``[M, 1]``, or their & or |."""
     def padded(q, k, v, key_keep, query_keep):
         keep = {"key": key_keep, "query": query_keep, "and": key_keep & query_keep,
                 "or": key_keep | query_keep}[combine]
         s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
         return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
 
+    return padded
+
+
+def _padding_args(key_runs, query_runs, dtype=torch.float32, device="cpu") -> tuple:
     def mask(runs):
-        return torch.tensor([value for value, n in runs for _ in range(n)])
+        return torch.tensor([value for value, n in runs for _ in range(n)], device=device)
 
     key_keep, query_keep = mask(key_runs)[None, :], mask(query_runs)[:, None]
-    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=query_keep.size(0), N=key_keep.size(1),
-                                               D=8, Dv=8))
-    args = (q, k, v, key_keep, query_keep)
+    shape = Shape(B=1, H=2, Hkv=2, M=query_keep.size(0), N=key_keep.size(1), D=8, Dv=8)
+    return (*VARIANTS["vanilla"].inputs(shape, dtype, device), key_keep, query_keep)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key_runs=runs(30), query_runs=runs(30), combine=COMBINE)
+def test_boolean_masks_skip_tiles_from_per_tile_min_and_max(key_runs, query_runs, combine):
+    """Boolean padding masks along the keys and the queries (runs of True and False, alone or
+    combined): skipping by their summaries never changes the output."""
+    padded, args = _padded_program(combine), _padding_args(key_runs, query_runs)
     report, skipped = _run(padded, args, True)
     assert report.regions[0].fused and SCAN in report.regions[0].source
     _, visited = _run(padded, args, False)
