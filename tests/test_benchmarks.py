@@ -80,3 +80,24 @@ def test_probe_edits_keep_each_kernel_s_result():
             torch.testing.assert_close(fast(*args)[part], printed_out[part], rtol=1e-5, atol=1e-5)
         probe_edits.swap_kernel(entry, printed)
     assert applied == set(probe_edits.EDITS)
+
+
+def test_probe_core_loop_switches_keep_attention():
+    """probe_core_loop's hand kernel computes softmax attention with each switch that runs
+    without a GPU (pointer loads; LAZY, AHEAD, EMU alone): the probe times equal programs.
+    EMU's polynomial exp2 is within its 1.4e-4 relative error."""
+    import torch
+
+    import probe_core_loop
+
+    g = torch.Generator().manual_seed(0)
+    B, H, S, D = 1, 2, 256, 64
+    q, k, v = (torch.randn(B, H, S, D, generator=g) for _ in range(3))
+    ref = torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
+    for switches in probe_core_loop.SWITCHES:
+        if switches["DESC"] or switches["WS"]:  # TMA descriptors and warp specialization: GPU only
+            continue
+        out = torch.empty_like(q)
+        probe_core_loop._probe_attention[(S // 64, B * H)](q, k, v, out, B * H, S, 0.125 * 1.4426950408889634,
+                                                           D=D, BLOCK_M=64, BLOCK_N=64, **switches)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-3 if switches["EMU"] else 1e-5)
