@@ -257,6 +257,26 @@ SOFTMAX_SYSTEMS = ("fxflash", "eager", "torch_compile", "flex_blockmask", "flex_
 BEYOND_SYSTEMS = ("fxflash", "eager", "torch_compile")
 
 
+def softmax_calls(name, B, H, Hkv, S, D, device, dtype, flex, create_block_mask) -> dict:
+    """``{system: zero-argument call}`` for one softmax-suite case: fxflash, eager,
+    torch.compile, FlexAttention's kernel (block mask built once) and its mask build where the
+    case has a mask_mod, SDPA where it applies."""
+    fn, args, score_mod, mask_mod, sdpa = case(name, B, H, Hkv, S, D, device, dtype)
+    q, k, v = args[:3]
+    fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
+    calls = {"fxflash": lambda: fast(*args), "eager": lambda: fn(*args), "torch_compile": lambda: compiled(*args)}
+    block_mask = None
+    if mask_mod is not None:
+        def build():
+            return create_block_mask(mask_mod, B if name in PER_BATCH_MASKS else None, None, S, S, device=device)
+        block_mask = build()
+        calls["flex_blockmask"] = build
+    calls["flex_kernel"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=Hkv != H)
+    if sdpa is not None:
+        calls["sdpa"] = lambda: sdpa(q, k, v)
+    return calls
+
+
 def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None, resume=False):
     dtype, device = torch.bfloat16, "cuda"
     flex, create_block_mask = flex_api()
@@ -273,24 +293,7 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                     if not todo:
                         continue
                     torch._dynamo.reset()
-                    fn, args, score_mod, mask_mod, sdpa = case(name, B, H, Hkv, S, D, device, dtype)
-                    q, k, v = args[:3]
-                    calls = {}
-                    fast = fxflash.optimize(fn)
-                    calls["fxflash"] = lambda: fast(*args)
-                    calls["eager"] = lambda: fn(*args)
-                    compiled = torch.compile(fn, dynamic=False)
-                    calls["torch_compile"] = lambda: compiled(*args)
-                    block_mask = None
-                    if mask_mod is not None:
-                        block_mask = create_block_mask(mask_mod, B if name in PER_BATCH_MASKS else None, None, S, S,
-                                                       device=device)
-                        calls["flex_blockmask"] = lambda: create_block_mask(
-                            mask_mod, B if name in PER_BATCH_MASKS else None, None, S, S, device=device)
-                    calls["flex_kernel"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                                                        enable_gqa=gqa)
-                    if sdpa is not None:
-                        calls["sdpa"] = lambda: sdpa(q, k, v)
+                    calls = softmax_calls(name, B, H, Hkv, S, D, device, dtype, flex, create_block_mask)
                     # fxflash is checked against FlexAttention, an independent implementation that,
                     # like fxflash, keeps scores in fp32 (eager rounds the bf16 bias of ALiBi)
                     reference = calls["flex_kernel"]()

@@ -63,7 +63,7 @@ def _exp2_fma(x):
 def _probe_attention(q_ptr, k_ptr, v_ptr, o_ptr, BH, N, qk_scale,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      DESC: tl.constexpr, WS: tl.constexpr, LAZY: tl.constexpr, AHEAD: tl.constexpr,
-                     EMU: tl.constexpr = False):
+                     EMU: tl.constexpr):
     mt = tl.program_id(0)
     bh = tl.program_id(1)
     offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)

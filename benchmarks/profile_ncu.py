@@ -37,30 +37,22 @@ DEFAULT_CASES = ["vanilla:fxflash", "vanilla:sdpa", "alibi:fxflash", "alibi:flex
 
 def calls_for(case: str, seqlen: int):
     """{system: zero-argument call} for one case (imports torch and fxflash only here)."""
+    import argparse
+
     import torch
 
     sys.path.insert(0, os.path.dirname(__file__))
     import bench_attention as bench
     import fxflash
+    from tile_sweep import case_of
 
-    if case in ("evoformer_row", "diff_attention"):
-        wanted = dict(evoformer_row=dict(B=8 * 256, D=64), diff_attention=dict(M=seqlen, D=64))[case]
-        fields, fn, args, _ = next(c for c in bench.beyond_cases(case, [seqlen], "cuda", torch.bfloat16)
-                                   if all(c[0][k] == v for k, v in wanted.items()))
+    if case in bench.SUITES["beyond"]:
+        batch = 8 if case.startswith("evoformer") else max(1, 16384 // seqlen)
+        _, fn, args, _ = case_of(argparse.Namespace(variant=case, batch=batch, head_dim=64, seqlen=seqlen, gqa=False))
         fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
         return {"fxflash": lambda: fast(*args), "torch_compile": lambda: compiled(*args)}
-    S, B = seqlen, max(1, 16384 // seqlen)
-    fn, args, score_mod, mask_mod, sdpa = bench.case(case, B, 16, 16, S, 64, "cuda", torch.bfloat16)
-    q, k, v = args[:3]
-    flex, create_block_mask = bench.flex_api()
-    block_mask = None if mask_mod is None else create_block_mask(
-        mask_mod, B if case in bench.PER_BATCH_MASKS else None, None, S, S, device="cuda")
-    fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
-    calls = {"fxflash": lambda: fast(*args), "torch_compile": lambda: compiled(*args),
-             "flex_kernel": lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)}
-    if sdpa is not None:
-        calls["sdpa"] = lambda: sdpa(q, k, v)
-    return calls
+    return bench.softmax_calls(case, max(1, 16384 // seqlen), 16, 16, seqlen, 64, "cuda", torch.bfloat16,
+                               *bench.flex_api())
 
 
 def profile_target(case: str, system: str, seqlen: int) -> None:
@@ -78,11 +70,12 @@ def profile_target(case: str, system: str, seqlen: int) -> None:
 
 
 def ncu_binary() -> str:
-    found = shutil.which("ncu") or sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")
-                                          + glob.glob("/usr/local/cuda*/bin/ncu"))[-1:]
+    """``ncu`` on the PATH, else the newest Nsight Compute installed."""
+    installed = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu") + glob.glob("/usr/local/cuda*/bin/ncu"))
+    found = shutil.which("ncu") or (installed[-1] if installed else None)
     if not found:
         raise SystemExit("ncu (Nsight Compute) not found on PATH or under /opt/nvidia/nsight-compute")
-    return found if isinstance(found, str) else found[0]
+    return found
 
 
 def profile_all(cases, seqlen: int, out_dir: str) -> None:
