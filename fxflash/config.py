@@ -45,6 +45,10 @@ class Config:
     exp2_fma:        for 16-bit inputs, print ``exp(x - m)`` as ``exp2(x·log₂e - m·log₂e)`` (one
                      fused multiply-add per score, rules.Homomorphism); ``FXFLASH_EXP2_FMA=0``
                      keeps ``tl.exp`` (for A/B measurements).
+    log2_max:        with exp2_fma, keep a running maximum that exp reads in exp2 units
+                     (``max·log₂e``; rules.Homomorphism.apply_log2): no per-row multiply by log₂e
+                     in the exponent or the rescale; ``FXFLASH_LOG2_MAX=0`` keeps natural units
+                     (for A/B measurements).
     prefetch_epilogue: load the inputs that the epilogue reads (an output gate) before the key
                      loop, so that their latency hides behind it (their tiles stay in registers
                      across the loop). Off by default (``FXFLASH_PREFETCH_EPILOGUE=1`` turns it
@@ -65,6 +69,7 @@ class Config:
     fold_scale: bool = os.environ.get("FXFLASH_FOLD_SCALE", "1") != "0"
     heavy_rows_first: bool = os.environ.get("FXFLASH_HEAVY_ROWS_FIRST", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
+    log2_max: bool = os.environ.get("FXFLASH_LOG2_MAX", "1") != "0"
     prefetch_epilogue: bool = os.environ.get("FXFLASH_PREFETCH_EPILOGUE", "0") != "0"
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(

@@ -1,6 +1,7 @@
 """Fused kernels (Triton interpreter on CPU): one kernel per attention, eager's accuracy."""
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -436,38 +437,60 @@ def test_one_maximum_under_two_homomorphisms_is_refused():
     torch.testing.assert_close(fxflash.optimize(mixed)(*args), mixed(*args))
 
 
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
+
+
+def _tile_max_factors(source: str) -> set:
+    """The constants that each key tile's row maximum is multiplied by."""
+    return set(re.findall(r"tile_amax\w* = tl\.max\(.*keep_dims=True\) \* ([-\d.e]+)", source))
+
+
+@pytest.mark.parametrize("log2_max", [True, False])
 @pytest.mark.parametrize("dtype, fma", [(torch.float16, True), (torch.float32, False)])
-def test_exp_is_printed_as_exp2_with_a_fused_multiply_add_for_16_bit_inputs_only(dtype, fma):
-    """exp(x - m) = 2^(x·log₂e - m·log₂e): one FMA per score for 16-bit inputs; fp32 keeps tl.exp."""
+def test_exp_is_printed_as_exp2_with_a_fused_multiply_add_for_16_bit_inputs_only(dtype, fma, log2_max, monkeypatch):
+    """exp(x - m) = 2^(x·log₂e - m·log₂e): one FMA per score for 16-bit inputs; fp32 keeps
+    tl.exp. With log2_max the running maximum is held as m·log₂e: the exponent subtracts it as
+    it is, the rescale is 2^(m₂_old - m₂_new), and the epilogue turns it back (· ln 2) once."""
+    monkeypatch.setattr(fxflash.config, "log2_max", log2_max)
     variant = VARIANTS["vanilla"]
     args = variant.inputs(SHAPES["odd"], dtype)
     source = fxflash.explain(variant.fn, *args).regions[0].source
-    assert ("tl.exp2(" in source and "1.4426950408889634" in source) == fma
+    in_log2 = fma and log2_max
+    assert ("tl.exp2(" in source) == fma
     assert ("= tl.exp(t" in source) != fma
+    assert (f"- mu_amax * {LOG2E!r})" in source) == (fma and not log2_max)
+    assert ("alpha_amax = tl.exp2(acc_amax - mu_amax)" in source) == in_log2
+    assert (f"acc_amax = acc_amax * {LN2!r}" in source) == in_log2
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
-
 @pytest.mark.parametrize("name", ["vanilla", "causal", "softcap"])
-@pytest.mark.parametrize("fold", [True, False])
-def test_a_positive_score_scale_is_folded_past_max_and_into_exp2(name, fold, monkeypatch):
+@pytest.mark.parametrize("fold, log2_max", [(True, True), (True, False), (False, True)])
+def test_a_positive_score_scale_is_folded_past_max_and_into_exp2(name, fold, log2_max, monkeypatch):
     """max(c·s) = c·max(s) and exp(c·s - m) = 2^(s·(c·log₂e) - m·log₂e) for c > 0: the max is
     taken over the raw scores (through a -inf mask too) and c·log₂e is the FMA's constant;
-    softcap's tanh between the scale and the max keeps the multiply. Same accuracy either way."""
+    softcap's tanh between the scale and the max keeps the multiply (its cap folds instead). A
+    maximum kept in exp2
+    units (log2_max) multiplies each tile's maximum by c·log₂e (log₂e alone when nothing is
+    folded) instead of c. Same accuracy either way."""
     monkeypatch.setattr(fxflash.config, "fold_scale", fold)
+    monkeypatch.setattr(fxflash.config, "log2_max", log2_max)
     variant = VARIANTS[name]
     args = variant.inputs(SHAPES["odd"], torch.float16)
     source = fxflash.explain(variant.fn, *args).regions[0].source
     c = 1 / math.sqrt(args[0].size(-1))
-    folded = f"* {c * 1.4426950408889634!r} - mu_amax" in source
+    folded = f"* {c * LOG2E!r} - mu_amax" in source
     assert folded == (fold and name != "softcap")
-    assert (f"keep_dims=True) * {c!r}" in source) == folded
+    outer = 20.0 if name == "softcap" else c  # softcap's max reads cap·tanh(·): the cap folds
+    factor = (outer if fold else 1.0) * (LOG2E if log2_max else 1.0)
+    assert _tile_max_factors(source) == ({repr(factor)} if factor != 1.0 else set())
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
 def test_a_negative_or_tensor_scale_is_not_folded():
     """max(c·x) = c·max(x) needs c > 0: a negative literal, or a scale held in a tensor, keeps
-    the multiply per score (and the result stays eager's)."""
+    the multiply per score (and the result stays eager's); each tile's maximum is multiplied by
+    log₂e alone (the exp2 units of config.log2_max)."""
     def negative(q, k, v):
         return torch.softmax((q @ k.transpose(-2, -1)) * -0.25, dim=-1) @ v
 
@@ -477,7 +500,8 @@ def test_a_negative_or_tensor_scale_is_not_folded():
     args = VARIANTS["vanilla"].inputs(SHAPES["odd"], torch.float16)
     for fn, call_args in ((negative, args), (tensor_scale, args + (torch.tensor(0.25, dtype=torch.float16),))):
         source = fxflash.explain(fn, *call_args).regions[0].source
-        assert "* 0.3606737602222409 - mu_amax" not in source and "keep_dims=True) *" not in source
+        assert "* 0.3606737602222409 - mu_amax" not in source
+        assert _tile_max_factors(source) == {repr(LOG2E)}
         assert_accurate(fn, call_args, fxflash.optimize(fn)(*call_args))
 
 

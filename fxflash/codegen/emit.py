@@ -29,7 +29,7 @@ from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..config import config, interpreting
 from ..patterns.region import ROW as ROW_FORM, ROW_LAYOUTS, Region
 from ..patterns.chains import OUTPUT_REDUCTIONS
-from ..patterns.rules import HOMOMORPHISMS, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
+from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
@@ -635,11 +635,11 @@ class _Printer:
             # E(x - r) printed as E(x - m) against the running maximum m (rules.HOMOMORPHISMS)
             x = self.vars[shift.args[0]]
             hom = HOMOMORPHISMS[p]
-            fma = hom.apply_fma is not None and config.exp2_fma and r.q.node.meta["val"].element_size() == 2
             m = f"mu_{form.scale.name}{self.sfx()}"
-            if fma:
+            if self.prints_fma(hom):
                 base, c = x.scaled or (x.code, 1.0)
-                code = hom.apply_fma.format(x=base, k=repr(c * LOG2E), m=m)
+                form_fma = hom.apply_log2 if self.max_in_log2(form.scale) else hom.apply_fma
+                code = form_fma.format(x=base, k=repr(c * LOG2E), m=m)
             else:
                 code = hom.apply.format(x=x.code, m=m)
             self.vars[node] = self.place(code, True, "e")
@@ -655,6 +655,17 @@ class _Printer:
             self.mask_conds.setdefault(node.args[0], set()).add(args[0].code)
         self.vars[node] = self.apply(node, args)
 
+    def prints_fma(self, hom) -> bool:
+        """Is ``E(x − m)`` printed as one multiply-add before ``exp2`` (Homomorphism.apply_fma:
+        16-bit inputs, ``config.exp2_fma``)?"""
+        return hom.apply_fma is not None and config.exp2_fma and self.r.q.node.meta["val"].element_size() == 2
+
+    def max_in_log2(self, m: fx.Node) -> bool:
+        """Is the running maximum ``m`` kept in exp2 units (Homomorphism.apply_log2)? Only a
+        maximum that a homomorphism printed as a multiply-add reads (``config.log2_max``)."""
+        hom = self.r.rescales.get(m)
+        return hom is not None and hom.apply_log2 is not None and config.log2_max and self.prints_fma(hom)
+
     def reduce(self, red) -> None:
         name = f"{red.node.name}{self.sfx()}"
         x = self.vars[red.source]
@@ -663,15 +674,19 @@ class _Printer:
             fill = "float('-inf')" if red.combine == "max" else "float('inf')"
             pick = "tl.maximum" if red.combine == "max" else "tl.minimum"
             base, c = x.scaled or (x.code, None)
+            log2 = red.combine == "max" and self.max_in_log2(red.node)
+            if log2:
+                c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
             tile = f"tl.{red.combine}(tl.where(col_ok, {base}, {fill}), 1, keep_dims=True)"
             self.loop.append(f"tile_{name} = {tile}{factor}")
             self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
             if red.combine == "max":
                 hom = self.r.rescales.get(red.node, HOMOMORPHISMS[aten.exp])  # exp: nothing reads alpha
+                rescale = hom.rescale_log2 if log2 else hom.rescale
                 self.loop.append(f"mu_{name} = tl.where(new_{name} == float('-inf'), 0.0, new_{name})")
-                self.loop.append(f"alpha_{name} = {hom.rescale.format(old=acc, new=f'mu_{name}')}")
-            self.vars[red.node] = Value(f"new_{name}", True)
+                self.loop.append(f"alpha_{name} = {rescale.format(old=acc, new=f'mu_{name}')}")
+            self.vars[red.node] = Value(f"(new_{name} * {LN2!r})" if log2 else f"new_{name}", True)
             return
         tile = f"tl.sum(tl.where(col_ok, {x.code}, 0.0), 1, keep_dims=True)"
         if red.scale is not None:
@@ -696,6 +711,8 @@ class _Printer:
                         # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
                         # -inf; the shift factor E(m - r) sees the m of the loop (-inf held as 0)
                         m = f"{red.node.name}{x}"
+                        if self.max_in_log2(red.node):
+                            self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units
                         self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
                         self.post.append(f"mu_{m} = tl.where(nanrow_{m}, 0.0, acc_{m})")
             rows = [n for n in r.epilogue if (n in r.combined) == (st is None and r.split is not None)]

@@ -26,6 +26,7 @@ MAX_HEAD_DIM = 256
 
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453  # 1 / log₂e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,17 +40,27 @@ class Homomorphism:
     rounds ``x·log₂e`` instead of ``x − m`` (relative error ~2⁻²⁴·|x| in the exponent), far
     below a 16-bit input's own error; fp32 inputs keep ``apply``. Its ``{k}`` is ``log₂e``, or
     ``c·log₂e`` when ``x = c·x'`` (POSITIVE_SCALE) and ``x'`` is printed instead: the score
-    scale folds into the same multiply-add."""
+    scale folds into the same multiply-add.
+
+    ``apply_log2`` and ``rescale_log2`` go with ``apply_fma`` when the running maximum is kept
+    in exp2 units, ``m₂ = max(x)·log₂e`` (``max(x')·c·log₂e`` under a folded scale, one multiply
+    per row tile as before): then ``exp(x − m) = 2^(x·log₂e − m₂)`` and the rescale ``exp(m_old −
+    m_new) = 2^(m₂_old − m₂_new)`` take no per-row multiply by log₂e. Any row offset gives the
+    same ``Σ E(x − m)·V / Σ E(x − m)``; the epilogue turns ``m₂`` back into ``m = m₂·ln 2`` once for
+    whatever reads the maximum itself (a logsumexp, a deferred shift ``E(m − r)``)."""
 
     name: str
     apply: str      # format with x, m
     rescale: str    # format with old, new
     apply_fma: str | None = None
+    apply_log2: str | None = None    # format with x, k, m (m in exp2 units)
+    rescale_log2: str | None = None  # format with old, new (both in exp2 units)
 
 
 HOMOMORPHISMS = {
     aten.exp: Homomorphism("exp", "tl.exp({x} - {m})", "tl.exp({old} - {new})",
-                           f"tl.exp2({{x}} * {{k}} - {{m}} * {LOG2E!r})"),
+                           f"tl.exp2({{x}} * {{k}} - {{m}} * {LOG2E!r})",
+                           "tl.exp2({x} * {k} - {m})", "tl.exp2({old} - {new})"),
     aten.exp2: Homomorphism("exp2", "tl.exp2({x} - {m})", "tl.exp2({old} - {new})"),
 }
 
