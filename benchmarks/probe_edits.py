@@ -196,14 +196,6 @@ def bias_tma_gate_prefetch(source: str) -> str:
 bias_tma_gate_prefetch.gpu_only = True
 
 
-def max_guard_clamp(source: str) -> str:
-    """The running maximum's -inf guard as one clamp, ``max(m, -FLT_MAX)`` (NaN kept), instead
-    of a compare and a select: a row that has seen only -inf scores gets the offset -FLT_MAX,
-    so ``2^(-inf - (-FLT_MAX)) = 0`` as with the offset 0; a finite maximum is unchanged."""
-    return _sub(r"^( +)(mu_\w+) = tl\.where\((new_\w+) == float\('-inf'\), 0\.0, \3\)$",
-                r"\1\2 = tl.maximum(\3, -3.4028234663852886e+38, propagate_nan=tl.PropagateNan.ALL)", source)
-
-
 def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
 
@@ -247,7 +239,7 @@ persistent_1, persistent_2, persistent_4, persistent_2_nested, persistent_2_one_
 
 half_dv.programs = 2
 EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, bias_tma, gate_tma, gate_prefetch,
-                                 bias_tma_gate_prefetch, max_guard_clamp, persistent_1, persistent_2,
+                                 bias_tma_gate_prefetch, persistent_1, persistent_2,
                                  persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop)}
 
 

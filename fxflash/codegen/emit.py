@@ -35,6 +35,11 @@ from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
 DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
+# The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
+# that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
+# E(-inf − (−FLT_MAX)) = 0 where E(-inf − (−inf)) would be NaN. A finite m is unchanged (every
+# score ≥ -FLT_MAX), NaN stays NaN. One max per row tile (a compare and a select before).
+OFFSET_GUARD = "tl.maximum({m}, -3.4028234663852886e+38, propagate_nan=tl.PropagateNan.ALL)"
 KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 
 
@@ -684,7 +689,7 @@ class _Printer:
             if red.combine == "max":
                 hom = self.r.rescales.get(red.node, HOMOMORPHISMS[aten.exp])  # exp: nothing reads alpha
                 rescale = hom.rescale_log2 if log2 else hom.rescale
-                self.loop.append(f"mu_{name} = tl.where(new_{name} == float('-inf'), 0.0, new_{name})")
+                self.loop.append(f"mu_{name} = {OFFSET_GUARD.format(m=f'new_{name}')}")
                 self.loop.append(f"alpha_{name} = {rescale.format(old=acc, new=f'mu_{name}')}")
             self.vars[red.node] = Value(f"(new_{name} * {LN2!r})" if log2 else f"new_{name}", True)
             return
