@@ -18,8 +18,9 @@ torch and Triton versions in every row), ``suite_<gpu>.png`` (speedup of fxflash
 other system per variant and seqlen, log scale; FlexAttention with its mask build counted
 is ``flex+mask``) and ``suite_<gpu>.md`` (the same ratios as a table). ``--resume`` keeps
 the rows already in the CSV and runs only the missing ones (a run cut short goes on where it
-stopped); ``--only FAMILY …`` (and ``--seqlens`` for the softmax family) runs a part of the
-suite and keeps the CSV's other rows, for machines that lend a GPU in short calls (each
+stopped); ``--only FAMILY …`` (and ``--seqlens`` for the softmax family) measures a part of
+the suite again and keeps the CSV's other rows (with ``--resume``: only that part's missing
+rows), for machines that lend a GPU in short calls (each
 family then measured whole within one call); ``--plot-only`` redraws from the CSV.
 """
 from __future__ import annotations
@@ -49,6 +50,28 @@ def _beyond(variants, seqlens):
 def _softmax(out, seqlens):
     from bench_attention import run
     run(SOFTMAX, seqlens, [False, True], out, resume=True)
+
+
+def _in_part(row: dict, family: str, seqlens) -> bool:
+    """Is this CSV row one that ``--only family`` (at the softmax ``seqlens``) measures?"""
+    if family == "softmax":
+        return row["suite"] == "softmax" and int(row["M"]) in seqlens
+    variants = {"non_softmax": ("sigmoid_attention", "relu_attention")}.get(family, (family,))
+    return row["suite"] == "beyond" and row["variant"] in variants
+
+
+def drop_part(csv_path: str, families, seqlens) -> None:
+    """Remove the rows of these families from the CSV (kept: every other row), so that the run
+    that follows measures them again."""
+    if not os.path.exists(csv_path):
+        return
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(r for r in rows if not any(_in_part(r, fam, seqlens) for fam in families))
 
 
 # The suite's parts, in the order one run measures them: run_family(csv path, softmax seqlens)
@@ -146,7 +169,8 @@ def main() -> None:
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV")
     parser.add_argument("--plot-only", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=FAMILIES, help="run these families, keep the CSV's other rows")
+    parser.add_argument("--only", nargs="+", choices=FAMILIES,
+                        help="measure these families again, keep the CSV's other rows")
     parser.add_argument("--seqlens", nargs="+", type=int, help=f"softmax family's seqlens (default {SEQLENS})")
     opts = parser.parse_args()
     if opts.plot_only:
@@ -161,6 +185,8 @@ def main() -> None:
     out = os.path.join(opts.out_dir, f"suite_{name}.csv")
     if not (opts.resume or opts.only) and os.path.exists(out):
         os.remove(out)
+    if opts.only and not opts.resume:
+        drop_part(out, opts.only, opts.seqlens or SEQLENS)
     for family in opts.only or FAMILIES:
         FAMILIES[family](out, opts.seqlens or SEQLENS)
     write_outputs(out)

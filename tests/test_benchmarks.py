@@ -36,6 +36,23 @@ def test_speedups_table_and_plot(tmp_path):
     assert (tmp_path / "suite_GPU_X.png").stat().st_size > 10_000
 
 
+def test_only_a_part_is_measured_again(tmp_path):
+    """``suite.py --only`` drops the rows of the parts it names (softmax: at its seqlens) and
+    keeps every other row, so that the part is measured again rather than skipped."""
+    rows = [_row("causal", "fxflash", "1.0"), _row("causal", "fxflash", "3.0", M=16384, B=1),
+            _row("relu_attention", "fxflash", "1.0", suite_name="beyond"),
+            _row("evoformer_row", "fxflash", "1.0", B=2048, M=256, suite_name="beyond")]
+    path = tmp_path / "suite_GPU_X.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    suite.drop_part(str(path), ["softmax", "non_softmax"], [16384])
+    with open(path, newline="") as f:
+        kept = [(r["variant"], r["M"]) for r in csv.DictReader(f)]
+    assert kept == [("causal", "4096"), ("evoformer_row", "256")]
+
+
 def test_probe_edits_keep_each_kernel_s_result():
     """Each of probe_edits' hand edits of a printed kernel computes what the printed kernel
     computes (interpreter, fp32), on the Evoformer's kernel and on differential attention's
