@@ -35,12 +35,12 @@ from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
 DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
+KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 # The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
 # E(-inf − (−FLT_MAX)) = 0 where E(-inf − (−inf)) would be NaN. A finite m is unchanged (every
 # score ≥ -FLT_MAX), NaN stays NaN. One max per row tile (a compare and a select before).
 OFFSET_GUARD = "tl.maximum({m}, -3.4028234663852886e+38, propagate_nan=tl.PropagateNan.ALL)"
-KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 
 
 @dataclasses.dataclass
@@ -714,7 +714,8 @@ class _Printer:
                 for red in r.reductions:
                     if red.combine == "max":
                         # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
-                        # -inf; the shift factor E(m - r) sees the m of the loop (-inf held as 0)
+                        # -inf; its sums are 0, so the shift factor E(m - r) may see m as 0 here
+                        # (the loop subtracted -FLT_MAX, OFFSET_GUARD)
                         m = f"{red.node.name}{x}"
                         if self.max_in_log2(red.node):
                             self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units

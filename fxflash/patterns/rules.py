@@ -40,7 +40,8 @@ class Homomorphism:
     rounds ``x·log₂e`` instead of ``x − m`` (relative error ~2⁻²⁴·|x| in the exponent), far
     below a 16-bit input's own error; fp32 inputs keep ``apply``. Its ``{k}`` is ``log₂e``, or
     ``c·log₂e`` when ``x = c·x'`` (POSITIVE_SCALE) and ``x'`` is printed instead: the score
-    scale folds into the same multiply-add.
+    scale folds into the same multiply-add. Scores beyond ±FLT_MAX/log₂e (±2.4·10³⁸, where eager's
+    ``x − m`` is still finite) overflow in this form.
 
     ``apply_log2`` and ``rescale_log2`` go with ``apply_fma`` when the running maximum is kept
     in exp2 units, ``m₂ = max(x)·log₂e`` (``max(x')·c·log₂e`` under a folded scale, one multiply
