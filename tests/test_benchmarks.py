@@ -14,6 +14,14 @@ def _row(variant, system, ms, M=4096, B=4, D=64, suite_name="softmax"):
                 system=system, ms=ms, tflops="1", peak_mb="1", device="GPU X", torch="2.11", triton="3.6")
 
 
+def _write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def test_speedups_table_and_plot(tmp_path):
     rows = [_row("causal", "fxflash", "1.0"), _row("causal", "flex_kernel", "1.5"),
             _row("causal", "flex_blockmask", "0.5"), _row("causal", "eager", "nan"),
@@ -21,11 +29,7 @@ def test_speedups_table_and_plot(tmp_path):
             _row("diff_attention", "torch_compile", "5.0", M=512, B=32, suite_name="beyond"),
             _row("evoformer_row", "fxflash", "1.0", B=2048, M=256, suite_name="beyond"),
             _row("evoformer_row", "torch_compile", "0.5", B=2048, M=256, suite_name="beyond")]
-    path = tmp_path / "suite_GPU_X.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    path = _write_csv(tmp_path / "suite_GPU_X.csv", rows)
     table = suite.speedups(rows)
     assert table[("causal", "4k")] == {"flex_kernel": 1.5, "flex+mask": 2.0}   # NaN (out of memory) left out
     assert table[("diff_attention", "512 d64")] == {"torch_compile": 2.5}
@@ -42,11 +46,7 @@ def test_only_a_part_is_measured_again(tmp_path):
     rows = [_row("causal", "fxflash", "1.0"), _row("causal", "fxflash", "3.0", M=16384, B=1),
             _row("relu_attention", "fxflash", "1.0", suite_name="beyond"),
             _row("evoformer_row", "fxflash", "1.0", B=2048, M=256, suite_name="beyond")]
-    path = tmp_path / "suite_GPU_X.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    path = _write_csv(tmp_path / "suite_GPU_X.csv", rows)
     suite.drop_part(str(path), ["softmax", "non_softmax"], [16384])
     with open(path, newline="") as f:
         kept = [(r["variant"], r["M"]) for r in csv.DictReader(f)]
