@@ -37,8 +37,6 @@ DEFAULT_CASES = ["vanilla:fxflash", "vanilla:sdpa", "alibi:fxflash", "alibi:flex
 
 def calls_for(case: str, seqlen: int):
     """{system: zero-argument call} for one case (imports torch and fxflash only here)."""
-    import argparse
-
     import torch
 
     sys.path.insert(0, os.path.dirname(__file__))
