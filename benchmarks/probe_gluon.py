@@ -1,15 +1,16 @@
 """Probe: does FlashAttention-3's warp-specialized structure, written in Gluon, beat cuDNN?
 
-    PYTHONPATH=. python benchmarks/probe_gluon.py [--seqlens 1024 4096 16384] [--configs 3x128x3 ...]
+    PYTHONPATH=. python benchmarks/probe_gluon.py [--variants vanilla causal alibi alibi_cols]
+        [--seqlens 1024 4096 16384] [--configs 3x128x3 3x128x3p ...]
 
 The tenth session's profile put vanilla attention's remaining gap to cuDNN (torch.compile and
 SDPA call it) on the overlap of the exponentials with the tensor cores, which cuDNN gets from
 FlashAttention-3's producer/consumer warp groups and which Triton's ``tl`` level cannot
 express (benchmarks/NOTES.md, fifth and tenth sessions). This probe writes that structure by
 hand in Gluon (``triton.experimental.gluon``, Triton's layout-explicit level, shipped with
-Triton 3.6) for the vanilla forward pass (bf16, [B, H, S, D], S a multiple of the tiles) and
-times it beside SDPA, fxflash's printed kernel and the best hand-written ``tl`` kernel in one
-process, before any code generation is built on it:
+Triton 3.6) for the forward pass (bf16, contiguous [B, H, S, D], head dim 64, S a multiple of
+64 and N of the key tile) and times it beside SDPA, FlexAttention's kernel (and its
+``create_block_mask``) and fxflash in one process, before any code generation is built on it:
 
 - one *loader* warp issues TMA copies of the CTA's Q tiles and of each K and V tile into a ring
   of ``NBUF`` shared-memory buffers (``mbarrier`` ready/empty pairs; a K/V buffer is free once
@@ -20,10 +21,15 @@ process, before any code generation is built on it:
 - inside each consumer, the scores of key tile j+1 (``wgmma``, asynchronous) are issued before
   the P·V of tile j, and the softmax of tile j+1 runs while that P·V does (FA3's
   intra-warpgroup overlap): ``S_{j+1} = Q·K_{j+1}ᵀ``; ``O += P_j·V_j``; wait for S; online
-  softmax of S (running maximum in exp2 units, ``m₂ = max(s)·c·log₂e``); wait for O; rescale O.
+  softmax of S (running maximum in exp2 units); wait for O; rescale O;
+- with ping-pong (a trailing ``p``), consumer c issues its wgmmas only after consumer c−1 has
+  issued its own (an mbarrier per consumer), so their matrix products take turns.
 
-Configs are ``CONSUMERS x BLOCK_N x NBUF``. Prints each config's relative error against SDPA
-(fp32 reference of the same inputs) and its ``settled_ms`` and CUDA-graph replay medians.
+The score step (``_score``) is vanilla, causal (the diagonal tiles masked, heavy row blocks
+first, keys up to the CTA's last row), ALiBi (``slope·(j − i)``, slopes ``2^(−8h/H)``) or ALiBi
+without its row term. Configs are ``CONSUMERS x BLOCK_N x NBUF[p]``. Prints, per system, the
+relative difference to Flex's output and the ``settled_ms`` and CUDA-graph replay medians.
+Needs a Hopper GPU; ``tests/test_gpu.py::test_gluon_probe_computes_attention`` checks it.
 """
 from __future__ import annotations
 
@@ -43,7 +49,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 ROWS_PER_CONSUMER = 64  # one wgmma M extent: 4 warps × 16 rows
 LOG2E = 1.4426950408889634
-CONFIGS = ("2x128x3", "3x64x3", "3x128x2", "3x128x3", "3x128x4", "3x128x3p")
+SCORES = {"vanilla": 0, "causal": 1, "alibi": 2, "alibi_cols": 3}  # what _score does to Q·Kᵀ
+CAUSAL: gl.constexpr = gl.constexpr(SCORES["causal"])
+ALIBI: gl.constexpr = gl.constexpr(SCORES["alibi"])
+ALIBI_COLS: gl.constexpr = gl.constexpr(SCORES["alibi_cols"])
+CONFIGS = ("2x128x3", "3x128x2", "3x128x3", "3x128x3p")
 
 
 @gluon.jit
@@ -70,9 +80,10 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_re
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warp group: softmax(Q_WG·Kᵀ·c)·V for its 64 rows, written to ``o_ptr`` (rows before
-    ``q_end`` only: the CTA's last consumers may hold rows of the next head)."""
+              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
+              WG: gl.constexpr, PINGPONG: gl.constexpr, SCORE: gl.constexpr):
+    """One warp group: softmax(score(Q_WG·Kᵀ))·V for its 64 rows, written to ``o_ptr`` (rows
+    before ``S_q`` only: the CTA's last consumers may hold rows of the next head)."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -83,6 +94,15 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
+    row0 = m_start + WG * BM  # first row of this warp group within its head
+    rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    if SCORE == ALIBI or SCORE == ALIBI_COLS:
+        c = 1.0  # the scale is applied with the bias, before the maximum
+        slope2 = gl.exp2(-8.0 * ((bh % heads) + 1).to(gl.float32) / heads) * 1.4426950408889634
+    else:
+        c = qk_scale  # positive: folded past the maximum into the exponent's multiply-add
+        slope2 = 0.0
     q = q_smem.index(WG)
     mbarrier.wait(q_bar, 0)
     zero_s = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
@@ -93,8 +113,9 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    m = gl.max(s, axis=1) * qk_scale
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m, 1))
+    s = _score(s, 0, row0, rows, cols, qk_scale, slope2, SCORE)
+    m = gl.max(s, axis=1) * c
+    p = gl.exp2(s * c - gl.expand_dims(m, 1))
     l_sum = gl.sum(p, axis=1)
     p = p.to(gl.bfloat16)  # P lives in 16 bits between tiles: fewer registers under the overlap
     for j in range(1, n_tiles):
@@ -108,9 +129,10 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
         acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_next, ))
-        m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
+        s = _score(s, j * BLOCK_N, row0, rows, cols, qk_scale, slope2, SCORE)
+        m_new = gl.maximum(m, gl.max(s, axis=1) * c)
         alpha = gl.exp2(m - m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        p = gl.exp2(s * c - gl.expand_dims(m_new, 1))
         l_sum = l_sum * alpha + gl.sum(p, axis=1)
         p = p.to(gl.bfloat16)
         m = m_new
@@ -127,10 +149,30 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     mbarrier.arrive(kv_empty.index(last), count=1)
 
     out = acc / gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)
-    rows = q_row + WG * BM + gl.arange(0, BM, layout=o_rows)
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    offs = gl.expand_dims(rows.to(gl.int64), 1) * D + gl.expand_dims(cols, 0)
-    gl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(rows < q_end, 1))
+    out_rows = row0 + gl.arange(0, BM, layout=o_rows)
+    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    offs = gl.expand_dims((bh * S_q + out_rows).to(gl.int64), 1) * D + gl.expand_dims(out_cols, 0)
+    gl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(out_rows < S_q, 1))
+
+
+@gluon.jit
+def _score(s, start_n, row0, rows, cols, qk_scale, slope2, SCORE: gl.constexpr):
+    """The score tile the softmax sees: raw Q·Kᵀ (vanilla; the scale is folded later), masked
+    above the diagonal on the tiles that cross it (causal), or ``Q·Kᵀ·c + slope·log₂e·(j − i)``
+    (ALiBi, in exp2 units; ``alibi_cols`` drops the row's own term ``−slope·i``)."""
+    if SCORE == CAUSAL:
+        BLOCK_N: gl.constexpr = s.shape[1]
+        if start_n + BLOCK_N - 1 > row0:
+            keep = gl.expand_dims(start_n + cols, 0) <= gl.expand_dims(rows, 1)
+            s = gl.where(keep, s, float("-inf"))
+    elif SCORE == ALIBI:
+        dist = (gl.expand_dims(start_n + cols, 0) - gl.expand_dims(rows, 1)).to(gl.float32)
+        s = s * qk_scale + slope2 * dist
+    elif SCORE == ALIBI_COLS:
+        # softmax is unchanged by a term that depends on the row only: slope·(j − i) → slope·j,
+        # one multiply-add per score with a per-column vector (values grow with j: |t| ≤ slope·N)
+        s = s * qk_scale + gl.expand_dims(slope2 * (start_n + cols).to(gl.float32), 0)
+    return s
 
 
 @gluon.jit
@@ -153,43 +195,52 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _consumer0(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-               q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, PINGPONG: gl.constexpr):
+               q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
+               PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, 0, PINGPONG)
+              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads, 0, PINGPONG, SCORE)
 
 
 @gluon.jit
 def _consumer1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-               q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, PINGPONG: gl.constexpr):
+               q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
+               PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, 1, PINGPONG)
+              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads, 1, PINGPONG, SCORE)
 
 
 @gluon.jit
 def _consumer2(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-               q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, PINGPONG: gl.constexpr):
+               q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
+               PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, 2, PINGPONG)
+              q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads, 2, PINGPONG, SCORE)
 
 
 @gluon.jit
 def _loader_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-                      q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, q_end, PINGPONG: gl.constexpr):
+                      q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
+               PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
             q_row, kv_row, n_tiles)
 
 
 @gluon.jit
-def _attention_ws(q_desc, k_desc, v_desc, o_ptr, S_q, S_kv, qk_scale,
+def _attention_ws(q_desc, k_desc, v_desc, o_ptr, S_q, S_kv, heads, qk_scale,
                   CONSUMERS: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+                  PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     bh = gl.program_id(1)
-    q_row = bh * S_q + gl.program_id(0) * (CONSUMERS * BM)
+    if SCORE == CAUSAL:  # heavy row blocks first; keys up to the block's last row
+        m_start = (gl.num_programs(0) - 1 - gl.program_id(0)) * (CONSUMERS * BM)
+        n_tiles = gl.cdiv(gl.minimum(m_start + CONSUMERS * BM, S_kv), BLOCK_N)
+    else:
+        m_start = gl.program_id(0) * (CONSUMERS * BM)
+        n_tiles = S_kv // BLOCK_N
+    q_row = bh * S_q + m_start
     kv_row = bh * S_kv
-    n_tiles = S_kv // BLOCK_N
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
@@ -208,7 +259,7 @@ def _attention_ws(q_desc, k_desc, v_desc, o_ptr, S_q, S_kv, qk_scale,
         mbarrier.init(turns.index(i), count=1)
 
     args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
-            q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, (bh + 1) * S_q, PINGPONG)
+            q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads, PINGPONG, SCORE)
     if CONSUMERS == 2:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader_partition, args)],
                            [4, 1], [CONSUMER_REGS, 24])
@@ -238,18 +289,20 @@ def register_budget(consumers: int) -> tuple[int, int]:
     return maxnreg, min(per_consumer, 256)
 
 
-def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingpong: bool):
+def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingpong: bool, score: str = "vanilla"):
+    """``out`` = softmax(score(q·kᵀ/√D))·v for bf16 [B, H, S, D] tensors, ``score`` one of
+    SCORES (ALiBi's slopes are ``2^(−8h/H)``, h = 1…H, as ``fxflash.variants.alibi``)."""
     B, H, S, D = q.shape
-    if not all(t.is_contiguous() for t in (q, k, v, out)):
-        raise ValueError("probe needs contiguous [B, H, S, D] tensors")
-    if S % ROWS_PER_CONSUMER or k.shape[2] % block_n:
-        raise ValueError(f"probe needs S % {ROWS_PER_CONSUMER} == 0 and N % {block_n} == 0")
+    if not all(t.is_contiguous() and t.dtype == torch.bfloat16 for t in (q, k, v, out)):
+        raise ValueError("probe needs contiguous bf16 [B, H, S, D] tensors")
+    if S % ROWS_PER_CONSUMER or k.shape[2] % block_n or (score == "causal" and k.shape[2] != S):
+        raise ValueError(f"probe needs S % {ROWS_PER_CONSUMER} == 0, N % {block_n} == 0 (and N == S if causal)")
     q_desc, k_desc, v_desc = descriptors(q, k, v, block_n)
     maxnreg, regs = register_budget(consumers)
     grid = (triton.cdiv(S, consumers * ROWS_PER_CONSUMER), B * H)
-    _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], LOG2E / math.sqrt(D),
+    _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], H, LOG2E / math.sqrt(D),
                         CONSUMERS=consumers, NBUF=nbuf, CONSUMER_REGS=regs, PINGPONG=pingpong,
-                        num_warps=4, maxnreg=maxnreg)
+                        SCORE=SCORES[score], num_warps=4, maxnreg=maxnreg)
     return out
 
 
@@ -263,53 +316,49 @@ def parse_config(text: str) -> tuple[int, int, int, bool]:
 
 
 def main():
-    import fxflash
-    from bench_attention import medians
-    from fxflash import variants
-    from probe_core_loop import _probe_attention
+    from bench_attention import case, flex_api, medians, softmax_calls
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="*", default=list(SCORES), choices=list(SCORES))
     parser.add_argument("--seqlens", nargs="*", type=int, default=[1024, 4096, 16384])
-    parser.add_argument("--configs", nargs="*", type=parse_config,
-                        default=[parse_config(c) for c in CONFIGS])
+    parser.add_argument("--configs", nargs="*", type=parse_config, default=[parse_config(c) for c in CONFIGS])
     opts = parser.parse_args()
     H, D = 16, 64
+    flex, create_block_mask = flex_api()
+    torch._dynamo.config.recompile_limit = 64  # Flex is compiled per (variant, shape): 9 cases by default
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}", flush=True)
-    for S in opts.seqlens:
-        B = max(1, 16384 // S)
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        flops = 4 * B * H * S * S * D
+    for variant in opts.variants:
+        for S in opts.seqlens:
+            B = max(1, 16384 // S)
+            case_name = variant.removesuffix("_cols")
+            calls = softmax_calls(case_name, B, H, H, S, D, "cuda", torch.bfloat16, flex, create_block_mask)
+            reference = calls["flex_kernel"]().float()
+            q, k, v = case(case_name, B, H, H, S, D, "cuda", torch.bfloat16)[1]  # the same seeded inputs
+            flops = 4 * B * H * S * S * D * (0.5 if variant == "causal" else 1)
 
-        def report(label, call, result):
-            call()
-            err = ((result.float() - ref).norm() / ref.norm()).item()
-            ms, graph = medians(call)
-            print(f"S={S} {label:<28} {ms:.3f} ms (graph {graph:.3f}) {flops / ms / 1e9:.0f} TFLOP/s "
-                  f"rel err {err:.1e}", flush=True)
+            def report(label, call, result=None):
+                out = call()
+                if result is not None:  # a call that writes into a buffer
+                    out = result
+                diff = ((out.float() - reference).norm() / reference.norm()).item()
+                ms, graph = medians(call)
+                print(f"{variant} S={S} {label:<18} {ms:.3f} ms (graph {graph:.3f}) {flops / ms / 1e9:.0f} TFLOP/s "
+                      f"rel diff to Flex {diff:.1e}", flush=True)
 
-        sdpa_out = [None]
-
-        def sdpa():
-            sdpa_out[0] = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        sdpa()
-        report("sdpa", sdpa, sdpa_out[0])
-        fast = fxflash.optimize(variants.vanilla)
-        fx_out = [fast(q, k, v)]
-        report("fxflash", lambda: fx_out.__setitem__(0, fast(q, k, v)), fx_out[0])
-        o = torch.empty_like(q)
-        report("tl hand kernel 128x64 w8 s3",
-               lambda: _probe_attention[(S // 128, B * H)](q, k, v, o, B * H, S, LOG2E / math.sqrt(D), D=D,
-                                                           BLOCK_M=128, BLOCK_N=64, DESC=False, WS=False,
-                                                           LAZY=False, AHEAD=False, EMU=False,
-                                                           num_warps=8, num_stages=3), o)
-        for consumers, block_n, nbuf, pingpong in opts.configs:
-            label = f"gluon {consumers}x{block_n}x{nbuf}{'p' if pingpong else ''}"
-            g = torch.full_like(q, float("nan"))
-            try:
-                report(label, lambda: gluon_attention(q, k, v, g, consumers, block_n, nbuf, pingpong), g)
-            except Exception as exc:  # noqa: BLE001 - a config the compiler refuses is a result
-                print(f"S={S} {label:<28} {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+            for system in ("sdpa", "flex_kernel", "fxflash"):
+                if system in calls:
+                    report(system, calls[system])
+            if "flex_blockmask" in calls:
+                ms = medians(calls["flex_blockmask"])[0]
+                print(f"{variant} S={S} {'flex_blockmask':<18} {ms:.3f} ms (create_block_mask)", flush=True)
+            for consumers, block_n, nbuf, pingpong in opts.configs:
+                label = f"gluon {consumers}x{block_n}x{nbuf}{'p' if pingpong else ''}"
+                out = torch.full_like(q, float("nan"))
+                try:
+                    report(label, lambda: gluon_attention(q, k, v, out, consumers, block_n, nbuf, pingpong, variant),
+                           out)
+                except Exception as exc:  # noqa: BLE001 - a config the compiler refuses is a result
+                    print(f"{variant} S={S} {label:<18} {type(exc).__name__}: {str(exc)[:400]}", flush=True)
 
 
 if __name__ == "__main__":

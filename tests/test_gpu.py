@@ -203,19 +203,20 @@ def test_tuning_is_timed_once_and_read_back_by_a_new_process(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon probe is written for Hopper (wgmma, TMA, setmaxnreg)")
-@pytest.mark.parametrize("config", ["2x128x3", "3x64x3", "3x128x3", "3x128x3p"])
+@pytest.mark.parametrize("config", ["2x128x3", "3x128x3", "3x128x3p"])
+@pytest.mark.parametrize("score", ["vanilla", "causal", "alibi", "alibi_cols"])
 @pytest.mark.parametrize("S", [256, 384])
-def test_gluon_probe_computes_attention(config, S):
-    """benchmarks/probe_gluon's warp-specialized kernel, timed against cuDNN in
-    benchmarks/NOTES.md, computes softmax attention within eager's error: with S = 256 the
+def test_gluon_probe_computes_attention(config, score, S):
+    """benchmarks/probe_gluon's warp-specialized kernel, timed against cuDNN and Flex in
+    benchmarks/NOTES.md, computes each score it probes within eager's error: with S = 256 the
     CTA of three consumers (192 rows) holds rows of the next head, which it must not store."""
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     import probe_gluon
 
-    variant = VARIANTS["vanilla"]
+    variant = VARIANTS[score.removesuffix("_cols")]
     args = variant.inputs(Shape(B=2, H=3, Hkv=3, M=S, N=S, D=64, Dv=64), torch.bfloat16, "cuda")
     out = torch.full_like(args[0], float("nan"))
-    probe_gluon.gluon_attention(*args, out, *probe_gluon.parse_config(config))
+    probe_gluon.gluon_attention(*args, out, *probe_gluon.parse_config(config), score)
     assert_accurate(variant.fn, args, out)
