@@ -29,7 +29,11 @@ The score step (``_score``) is vanilla, causal (the diagonal tiles masked, heavy
 first, keys up to the CTA's last row), ALiBi (``slope·(j − i)``, slopes ``2^(−8h/H)``) or ALiBi
 without its row term. Configs are ``CONSUMERS x BLOCK_N x NBUF[p]``. Prints, per system, the
 relative difference to Flex's output and the ``settled_ms`` and CUDA-graph replay medians.
-Needs a Hopper GPU; ``tests/test_gpu.py::test_gluon_probe_computes_attention`` checks it.
+Needs a Hopper GPU and Triton 3.6's Gluon API (the lent GPU machine's; Triton 3.9 renamed
+``tma.async_copy_global_to_shared`` to ``async_load``, among others). The kernel compiles
+without a GPU (``triton.compile(GluonASTSource(...), target=GPUTarget("cuda", 90, 32))``),
+which is how configs were checked for spills before device runs;
+``tests/test_gpu.py::test_gluon_probe_computes_attention`` checks its results on the GPU.
 """
 from __future__ import annotations
 
