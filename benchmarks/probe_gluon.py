@@ -1,14 +1,15 @@
 """Probe: does FlashAttention-3's warp-specialized structure, written in Gluon, beat cuDNN?
 
     PYTHONPATH=. python benchmarks/probe_gluon.py [--variants vanilla causal alibi alibi_cols]
-        [--seqlens 1024 4096 16384] [--configs 3x128x3 3x128x3p ...]
+        [--seqlens 1024 4096 16384] [--head-dim 64] [--kv-heads 16] [--configs 3x128x3 3x128x3p ...]
 
 The tenth session's profile put vanilla attention's remaining gap to cuDNN (torch.compile and
 SDPA call it) on the overlap of the exponentials with the tensor cores, which cuDNN gets from
 FlashAttention-3's producer/consumer warp groups and which Triton's ``tl`` level cannot
 express (benchmarks/NOTES.md, fifth and tenth sessions). This probe writes that structure by
 hand in Gluon (``triton.experimental.gluon``, Triton's layout-explicit level, shipped with
-Triton 3.6) for the forward pass (bf16, contiguous [B, H, S, D], head dim 64, S a multiple of
+Triton 3.6) for the forward pass (bf16, contiguous [B, H, S, D], head dim 64 or 128, MHA or
+GQA (K and V [B, Hkv, N, D]), S a multiple of
 64 and N of the key tile) and times it beside SDPA, FlexAttention's kernel (and its
 ``create_block_mask``) and fxflash in one process, before any code generation is built on it:
 
@@ -230,7 +231,7 @@ def _loader_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_r
 
 
 @gluon.jit
-def _attention_ws(q_desc, k_desc, v_desc, o_ptr, S_q, S_kv, heads, qk_scale,
+def _attention_ws(q_desc, k_desc, v_desc, o_ptr, S_q, S_kv, heads, kv_heads, qk_scale,
                   CONSUMERS: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[0]
@@ -244,7 +245,7 @@ def _attention_ws(q_desc, k_desc, v_desc, o_ptr, S_q, S_kv, heads, qk_scale,
         m_start = gl.program_id(0) * (CONSUMERS * BM)
         n_tiles = S_kv // BLOCK_N
     q_row = bh * S_q + m_start
-    kv_row = bh * S_kv
+    kv_row = ((bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)) * S_kv  # GQA: shared K/V head
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
@@ -304,7 +305,7 @@ def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingp
     q_desc, k_desc, v_desc = descriptors(q, k, v, block_n)
     maxnreg, regs = register_budget(consumers)
     grid = (triton.cdiv(S, consumers * ROWS_PER_CONSUMER), B * H)
-    _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], H, LOG2E / math.sqrt(D),
+    _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], H, k.shape[1], LOG2E / math.sqrt(D),
                         CONSUMERS=consumers, NBUF=nbuf, CONSUMER_REGS=regs, PINGPONG=pingpong,
                         SCORE=SCORES[score], num_warps=4, maxnreg=maxnreg)
     return out
@@ -325,19 +326,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="*", default=list(SCORES), choices=list(SCORES))
     parser.add_argument("--seqlens", nargs="*", type=int, default=[1024, 4096, 16384])
+    parser.add_argument("--head-dim", type=int, default=64, choices=[64, 128])
+    parser.add_argument("--kv-heads", type=int, default=16, help="16: MHA; 2: GQA as in the suite")
     parser.add_argument("--configs", nargs="*", type=parse_config, default=[parse_config(c) for c in CONFIGS])
     opts = parser.parse_args()
-    H, D = 16, 64
+    H, Hkv, D = 16, opts.kv_heads, opts.head_dim
     flex, create_block_mask = flex_api()
     torch._dynamo.config.recompile_limit = 64  # Flex is compiled per (variant, shape): 9 cases by default
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}", flush=True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
+          f"{H} heads, {Hkv} KV heads, head dim {D}, bf16, 16k tokens", flush=True)
     for variant in opts.variants:
         for S in opts.seqlens:
             B = max(1, 16384 // S)
             case_name = variant.removesuffix("_cols")
-            calls = softmax_calls(case_name, B, H, H, S, D, "cuda", torch.bfloat16, flex, create_block_mask)
+            calls = softmax_calls(case_name, B, H, Hkv, S, D, "cuda", torch.bfloat16, flex, create_block_mask)
             reference = calls["flex_kernel"]().float()
-            q, k, v = case(case_name, B, H, H, S, D, "cuda", torch.bfloat16)[1]  # the same seeded inputs
+            q, k, v = case(case_name, B, H, Hkv, S, D, "cuda", torch.bfloat16)[1]  # the same seeded inputs
             flops = 4 * B * H * S * S * D * (0.5 if variant == "causal" else 1)
 
             def report(label, call, result=None):
