@@ -53,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 ROWS_PER_CONSUMER = 64  # one wgmma M extent: 4 warps × 16 rows
-LOG2E = 1.4426950408889634
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 SCORES = {"vanilla": 0, "causal": 1, "alibi": 2, "alibi_cols": 3}  # what _score does to Q·Kᵀ
 CAUSAL: gl.constexpr = gl.constexpr(SCORES["causal"])
 ALIBI: gl.constexpr = gl.constexpr(SCORES["alibi"])
@@ -104,7 +104,7 @@ def _consumer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     if SCORE == ALIBI or SCORE == ALIBI_COLS:
         c = 1.0  # the scale is applied with the bias, before the maximum
-        slope2 = gl.exp2(-8.0 * ((bh % heads) + 1).to(gl.float32) / heads) * 1.4426950408889634
+        slope2 = gl.exp2(-8.0 * ((bh % heads) + 1).to(gl.float32) / heads) * LOG2E
     else:
         c = qk_scale  # positive: folded past the maximum into the exponent's multiply-add
         slope2 = 0.0
@@ -225,7 +225,7 @@ def _consumer2(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v
 @gluon.jit
 def _loader_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
                       q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
-               PINGPONG: gl.constexpr, SCORE: gl.constexpr):
+                      PINGPONG: gl.constexpr, SCORE: gl.constexpr):
     _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
             q_row, kv_row, n_tiles)
 
@@ -300,12 +300,13 @@ def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingp
     B, H, S, D = q.shape
     if not all(t.is_contiguous() and t.dtype == torch.bfloat16 for t in (q, k, v, out)):
         raise ValueError("probe needs contiguous bf16 [B, H, S, D] tensors")
-    if S % ROWS_PER_CONSUMER or k.shape[2] % block_n or (score == "causal" and k.shape[2] != S):
-        raise ValueError(f"probe needs S % {ROWS_PER_CONSUMER} == 0, N % {block_n} == 0 (and N == S if causal)")
+    if S % ROWS_PER_CONSUMER or k.shape[2] % block_n or (score == "causal" and k.shape[2] != S) or H % k.shape[1]:
+        raise ValueError(f"probe needs S % {ROWS_PER_CONSUMER} == 0, N % {block_n} == 0, H a multiple of "
+                         "K's heads (and N == S if causal)")
     q_desc, k_desc, v_desc = descriptors(q, k, v, block_n)
     maxnreg, regs = register_budget(consumers)
     grid = (triton.cdiv(S, consumers * ROWS_PER_CONSUMER), B * H)
-    _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], H, k.shape[1], LOG2E / math.sqrt(D),
+    _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], H, k.shape[1], LOG2E.value / math.sqrt(D),
                         CONSUMERS=consumers, NBUF=nbuf, CONSUMER_REGS=regs, PINGPONG=pingpong,
                         SCORE=SCORES[score], num_warps=4, maxnreg=maxnreg)
     return out
