@@ -198,6 +198,8 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
         mbarrier.arrive(turns.index((WG + 1) % turns.type.shape[0]), count=1)
 
 
+# One wrapper per consumer: warp_specialize passes its workers run-time values only (Triton 3.6
+# refuses a Python int among them), and a consumer's index must be a compile-time constant.
 @gluon.jit
 def _consumer0(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty,
                q_row, kv_row, n_tiles, o_ptr, qk_scale, turns, bh, m_start, S_q, heads,
