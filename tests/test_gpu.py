@@ -203,15 +203,16 @@ def test_tuning_is_timed_once_and_read_back_by_a_new_process(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon probe is written for Hopper (wgmma, TMA, setmaxnreg)")
-@pytest.mark.parametrize("config", ["2x128x3", "3x128x3", "3x128x3p"])
+@pytest.mark.parametrize("config", ["2x128x3", "3x128x3", "3x128x3p", "3x128x3P", "2x128x2pP"])
 @pytest.mark.parametrize("score", ["vanilla", "causal", "alibi", "alibi_cols"])
 @pytest.mark.parametrize("S", [256, 384])
 @pytest.mark.parametrize("H,Hkv,D", [(3, 3, 64), (4, 2, 128)])
 def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
     """benchmarks/probe_gluon's warp-specialized kernel, timed against cuDNN and Flex in
-    benchmarks/NOTES.md, computes each score it probes within eager's error, MHA and GQA: with
-    S = 256 the CTA of three consumers (192 rows) holds rows of the next head, which it must
-    not store."""
+    benchmarks/NOTES.md, computes each score it probes within eager's error, MHA and GQA, with
+    one CTA per work item and persistent (``P``: CTAs walk several items, so barrier phases and
+    Q buffers carry across items): with S = 256 the CTA of three consumers (192 rows) holds
+    rows of the next head, which it must not store."""
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
