@@ -358,10 +358,11 @@ def register_budget(consumers: int) -> tuple[int, int]:
 
 
 def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingpong: bool = False,
-                    persistent: bool = False, score: str = "vanilla"):
+                    persistent: bool = False, score: str = "vanilla", max_ctas: int | None = None):
     """``out`` = softmax(score(q·kᵀ/√D))·v for bf16 [B, H, S, D] tensors, ``score`` one of
     SCORES (ALiBi's slopes are ``2^(−8h/H)``, h = 1…H, as ``fxflash.variants.alibi``);
-    ``persistent``: one CTA per SM walks the work items instead of one CTA per item."""
+    ``persistent``: one CTA per SM (at most ``max_ctas``) walks the work items instead of one
+    CTA per item."""
     B, H, S, D = q.shape
     if not all(t.is_contiguous() and t.dtype == torch.bfloat16 for t in (q, k, v, out)):
         raise ValueError("probe needs contiguous bf16 [B, H, S, D] tensors")
@@ -372,8 +373,8 @@ def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingp
     maxnreg, regs = register_budget(consumers)
     num_m_blocks = triton.cdiv(S, consumers * ROWS_PER_CONSUMER)
     n_items = num_m_blocks * B * H
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    grid = (min(n_items, sms) if persistent else n_items, )
+    ctas = max_ctas or torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = (min(n_items, ctas) if persistent else n_items, )
     _attention_ws[grid](q_desc, k_desc, v_desc, out, S, k.shape[2], H, k.shape[1], LOG2E.value / math.sqrt(D),
                         num_m_blocks, n_items, CONSUMERS=consumers, NBUF=nbuf, QB=2 if persistent else 1,
                         CONSUMER_REGS=regs,
