@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fxflash
+from fxflash.patterns.rules import LN2, LOG2E
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 
@@ -435,9 +436,6 @@ def test_one_maximum_under_two_homomorphisms_is_refused():
     (region,) = fxflash.explain(mixed, *args).regions
     assert not region.fused and "two different homomorphisms" in region.reason
     torch.testing.assert_close(fxflash.optimize(mixed)(*args), mixed(*args))
-
-
-LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 
 
 def _tile_max_factors(source: str) -> set:

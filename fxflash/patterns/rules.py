@@ -26,7 +26,7 @@ MAX_HEAD_DIM = 256
 
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453  # 1 / log₂e
+LN2 = 1 / LOG2E  # ln 2 (0.6931471805599453)
 
 
 @dataclasses.dataclass(frozen=True)
