@@ -54,6 +54,10 @@ class Config:
                      across the loop). Off by default (``FXFLASH_PREFETCH_EPILOGUE=1`` turns it
                      on): on an H200 it made the Evoformer 4 % faster at head dim 128 and 9 %
                      slower at 64 (benchmarks/NOTES.md).
+    gluon:           on Hopper GPUs, a softmax region that qualifies (gluon.refusal) also gets a
+                     Gluon kernel with FlashAttention-3's warp-specialized structure, whose
+                     configurations the tuner times beside the ``tl`` kernel's (codegen/gluon.py);
+                     ``FXFLASH_GLUON=0`` times the ``tl`` kernel's alone.
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
                      kernel directly, skipping the JIT entry point's per-call work
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
@@ -71,6 +75,7 @@ class Config:
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
     log2_max: bool = os.environ.get("FXFLASH_LOG2_MAX", "1") != "0"
     prefetch_epilogue: bool = os.environ.get("FXFLASH_PREFETCH_EPILOGUE", "0") != "0"
+    gluon: bool = os.environ.get("FXFLASH_GLUON", "1") != "0"
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")

@@ -34,11 +34,14 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         stopped_at=stopped_at.name if stopped_at is not None else "",
         chain=chain,
         source=plan.source if plan is not None else "",
+        gluon_source=plan.gluon.source if plan is not None and plan.gluon is not None else "",
         configs=plan.configs if plan is not None else (),
     )
     if region is not None:
+        gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel"
+                      if plan.gluon is not None else f"Gluon kernel (Hopper): none, {plan.gluon_refusal}")
         report.steps = list(region.steps) + [
-            f"block sparsity: {why}" for why in plan.unclassified]
+            f"block sparsity: {why}" for why in plan.unclassified] + [gluon_line]
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]
@@ -75,6 +78,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
     times of stages run before (capture); the report adds its own stages to it.
     """
     from .codegen import Unprintable, emit_kernel, load_kernel, replace_region
+    from .codegen import gluon
     from .codegen.rewrite import copy_graph
 
     fuse = config.fuse if fuse is None else fuse
@@ -96,6 +100,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
                 _check_device(region)
             with timed(seconds, "code generation"):
                 plan = emit_kernel(region, analysis.kinds)
+                gluon.attach(plan, region, analysis.kinds)
                 kernel = load_kernel(plan.source, plan.name)
                 replace_region(rewritten, region, plan, kernel, node_map)
         except FusionRefused as exc:

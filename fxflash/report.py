@@ -24,6 +24,8 @@ class RegionReport:
     rule:      the name of the rule that refused it ("" when fused).
     stopped_at: the name of the node that rule stopped at ("" when fused or not one node).
     source:    the generated Triton source when fused.
+    gluon_source: when fused and the region qualifies (codegen/gluon.py), the Gluon kernel's
+               source, whose configurations the tuner times beside the Triton kernel's on Hopper.
     configs:   when fused, the candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) that
                the tuner times on a GPU, the default first.
     chain:     the Chain found by the pattern stage.
@@ -42,6 +44,7 @@ class RegionReport:
     rule: str = ""
     stopped_at: str = ""
     source: str = ""
+    gluon_source: str = ""
     configs: tuple = ()
     steps: list = dataclasses.field(default_factory=list)
     transformations: list = dataclasses.field(default_factory=list)

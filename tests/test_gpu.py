@@ -229,3 +229,32 @@ def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
     out = torch.full_like(q, float("nan"))
     probe_gluon.gluon_attention(q, k, v, out, *probe_gluon.parse_config(config), score, max_ctas=5)
     assert_accurate(grouped, (q, k, v), out)
+
+
+# Variants whose region qualifies for the Gluon kernel (codegen/gluon.py); the shapes have N a
+# multiple of every Gluon key tile and M not a multiple of the CTA's 128 or 192 rows.
+GLUON_VARIANTS = ["vanilla", "manual_softmax", "gqa_expand", "gqa_repeat_interleave", "alibi", "softcap", "causal",
+                  "sliding_window", "prefix_lm", "block_causal", "dilated_window", "neighbourhood_2d",
+                  "document_mask", "key_padding", "key_lengths", "additive_mask"]
+GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
+                128: Shape(B=1, H=4, Hkv=2, M=130, N=256, D=128, Dv=128)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", GLUON_VARIANTS)
+def test_generated_gluon_kernel_on_gpu(name, dtype, d):
+    """Every Gluon configuration of the region's generated Gluon kernel keeps eager's accuracy."""
+    from fxflash.codegen import tuning
+    from fxflash.codegen.gluon import GLUON_CONFIGS
+
+    variant = VARIANTS[name]
+    args = variant.inputs(GLUON_SHAPES[d], dtype, "cuda")
+    (region,) = fxflash.explain(variant.fn, *args).regions
+    assert region.fused and "warp_specialize" in region.gluon_source, region.steps
+    fast = fxflash.optimize(variant.fn)
+    for tile in GLUON_CONFIGS[d]:
+        with tuning.pinned(tile):
+            assert_accurate(variant.fn, args, fast(*args))

@@ -68,6 +68,8 @@ class KernelPlan:
                              # that axis the launch computes for its BLOCK_N ("summary" args)
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
     unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
+    gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
+    gluon_refusal: str = ""  # why there is none (explain())
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound

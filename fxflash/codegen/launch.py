@@ -10,8 +10,10 @@ import torch
 import triton
 
 from ..config import config, interpreting
-from . import tuning
+from . import gluon_launch, tuning
+from .cache import load_kernel
 from .emit import KernelPlan, block_dims_of
+from .gluon import is_gluon_tile
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
 # threads take turns (compiled GPU kernels launch concurrently).
@@ -33,16 +35,18 @@ def _device_label(index) -> str:
 
 
 def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this launch: a tile pinned by
-    ``tuning.pinned``; else 16×16 tiles in the interpreter; on a GPU the tuned choice for
-    this size bucket (tuning.choose)."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this launch, or a Gluon configuration
+    (gluon.GLUON_CONFIGS): a tile pinned by ``tuning.pinned``; else 16×16 tiles in the
+    interpreter; on a GPU the tuned choice for this size bucket among the ``tl`` kernel's
+    tiles and the Gluon configurations this launch can use (tuning.choose)."""
     device = inputs[0].device
     pinned = tuning.pinned_tile()
     if pinned is not None:
         return pinned
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
-    return tuning.choose(plan.name, plan.source, plan.configs, [t.dtype for t in inputs], _device_label(device.index),
+    configs = [*plan.configs, *gluon_launch.candidates(plan.gluon, inputs, frame)]
+    return tuning.choose(plan.name, plan.source, configs, [t.dtype for t in inputs], _device_label(device.index),
                          frame, run, capturing=torch.cuda.is_current_stream_capturing(),
                          device_index=device.index)
 
@@ -180,6 +184,21 @@ class Launcher:
         self.kernel = kernel
         self.bound: dict = {}
 
+    @functools.cached_property
+    def gluon_kernel(self):
+        """The plan's Gluon kernel, loaded at its first launch (Gluon is imported on GPUs only)."""
+        return load_kernel(self.plan.gluon.source, self.plan.gluon.name)
+
+    def run_gluon(self, tile, inputs, frame, out, sides) -> None:
+        """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned)."""
+        gplan = self.plan.gluon
+        why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
+        if why:
+            raise ValueError(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
+        values = LaunchValues(inputs, frame, out, sides, tile_summaries(gplan, inputs, tile[2]))
+        with _launching():
+            gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out, _kernel_args(gplan.args, values))
+
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
         ``frame`` = [*batch, M, N], ``out_shapes`` the shapes of the result and of the row
@@ -215,6 +234,8 @@ class Launcher:
         launched = {}
 
         def run(tile):
+            if is_gluon_tile(tile):
+                return self.run_gluon(tile, inputs, frame, out, sides)
             bm, bn, warps, stages = tile
             grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
             args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides, tile_summaries(plan, inputs, bn)))
@@ -224,7 +245,7 @@ class Launcher:
 
         tile = tile_for(plan, inputs, frame, run)
         run(tile)
-        if key is not None and not torch.cuda.is_current_stream_capturing():
+        if key is not None and not is_gluon_tile(tile) and not torch.cuda.is_current_stream_capturing():
             bound = self.bind(*launched[tile], {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
             if bound is not None:
                 if len(self.bound) >= self.CAPACITY:

@@ -106,6 +106,10 @@ def _label(tile: Tile) -> str:
 
 
 def describe(tile: Tile) -> str:
+    if tile[0] == "gluon":  # gluon.GLUON_CONFIGS
+        _, consumers, bn, nbuf, pingpong = tile
+        return (f"Gluon: {consumers} consumer warp groups × 64 rows, {bn}-key tiles, {nbuf} K/V buffers"
+                + (", ping-pong" if pingpong else ""))
     bm, bn, warps, stages = tile
     return f"{bm}×{bn} tiles, {warps} warps, {stages} stages"
 

@@ -1,0 +1,487 @@
+"""Region → a Gluon kernel with FlashAttention-3's structure, for softmax regions on Hopper.
+
+Triton's ``tl`` level cannot overlap the exponentials of one key tile with the tensor-core
+work of another inside a program (benchmarks/NOTES.md, fifth and tenth sessions); Gluon
+(``triton.experimental.gluon``), Triton's layout-explicit level, can. This module prints the
+same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
+
+* one *loader* warp copies the CTA's Q tiles and each K and V tile by TMA into a ring of
+  ``NBUF`` shared-memory buffers (mbarrier ready/empty pairs);
+* ``CONSUMERS`` warp groups of 4 warps own 64 query rows each and share every K/V tile;
+  inside each, the next tile's ``S = Q·Kᵀ`` (asynchronous wgmma) is issued before the current
+  ``P·V``, and the softmax of one tile runs while the tensor cores work on the other; with
+  ping-pong the consumers' matrix products take turns;
+* the region's score DAG is printed op by op into ``_score`` by emit's printer (the ops map
+  one to one onto Gluon's, ``GLUON_NAMES``), index expressions from the tile's row and key
+  indices, tensor inputs loaded at their strides;
+* the key tiles a mask empties are never loaded: the tile range ``[lo_t, hi_t)`` comes from
+  the same interval tests as emit's (``tile_range``), computed once per CTA before the
+  warps split, and every visited tile evaluates the masks.
+
+The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x = c·x'`` the
+score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
+``m₂ = max(x')·k``, ``p = 2^(x'·k − m₂)`` with ``k = c·log₂e`` (exp) or ``c`` (exp2),
+``l = Σ p`` and ``O = Σ p·V`` rescaled by ``2^(m₂_old − m₂_new)``, then ``O / l``. A row whose
+every score is -inf gives 0/0 = NaN, as eager's ``exp(-inf − (−inf))`` does.
+
+Only regions of exactly that shape qualify (``refusal`` says why another does not): one
+softmax, no streams, no further contractions, nothing after ``O / l``; bf16 or fp16 Q, K, V
+with ``D = Dv`` ∈ {64, 128}, read as stored. Whether a launch can use it (TMA needs each
+operand's rows at one stride, 16-byte aligned, and ``N`` a multiple of the key tile) is
+decided per launch (``launch_refusal``); the tuner then times its configurations beside the
+``tl`` kernel's and keeps the faster (tuning.py). The interpreter cannot run Gluon: CPU tests
+print the kernel and compile it for sm_90.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import re
+
+import torch
+import torch.fx as fx
+
+from ..analysis.ops import packet
+from ..config import config
+from ..patterns.region import Region
+from ..patterns.rules import HOMOMORPHISMS, LOG2E
+from .emit import Value, _Printer
+from .printers import Unprintable
+
+aten = torch.ops.aten
+
+ROWS_PER_CONSUMER = 64      # one wgmma M extent: 4 warps × 16 rows
+HEAD_DIMS = (64, 128)
+DTYPES = {torch.bfloat16: "gl.bfloat16", torch.float16: "gl.float16"}
+SHARED_BYTES = 227 * 1024   # Hopper's shared memory per CTA
+FLT_MAX = "3.4028234663852886e+38"
+
+# Gluon configurations ("gluon", consumers, key tile, K/V buffers, ping-pong), by head dim,
+# fastest first as measured with the hand-written probe on an H200 (benchmarks/NOTES.md,
+# twelfth session: 3 consumers of 64 rows with 128-key tiles and 3 buffers; ping-pong for
+# ALiBi; 2 consumers at head dim 128, where 3 do not fit in shared memory).
+GLUON_CONFIGS = {
+    64: (("gluon", 3, 128, 3, 0), ("gluon", 3, 128, 3, 1), ("gluon", 2, 128, 3, 0)),
+    128: (("gluon", 2, 128, 3, 0), ("gluon", 2, 128, 2, 0), ("gluon", 2, 64, 3, 0)),
+}
+
+
+def is_gluon_tile(tile) -> bool:
+    return bool(tile) and tile[0] == "gluon"
+
+
+def shared_bytes(tile, d: int, elem: int = 2) -> int:
+    """Q tiles of every consumer plus ``NBUF`` K and V tiles."""
+    _, consumers, block_n, nbuf, _ = tile
+    return (consumers * ROWS_PER_CONSUMER * d + 2 * nbuf * block_n * d) * elem
+
+
+def register_budget(consumers: int) -> tuple[int, int]:
+    """(maxnreg of the kernel, registers per consumer thread): the loader's warp group keeps 24,
+    the consumers share the rest of one CTA's 64 K registers (multiples of 8, at most 256)."""
+    warps = 4 * consumers + 4
+    maxnreg = (65536 // (warps * 32)) // 8 * 8
+    per_consumer = (maxnreg * warps * 32 - 24 * 128) // (consumers * 128) // 8 * 8
+    return maxnreg, min(per_consumer, 256)
+
+
+# -- the Gluon API, whose spelling moved between Triton versions ----------------------------
+@functools.lru_cache(maxsize=None)
+def gluon_api() -> dict | None:
+    """The names this Triton's Gluon gives the calls the kernel makes, or None without Gluon's
+    Hopper API (Triton < 3.6). ``tma_load``: ``async_copy_global_to_shared`` (3.6) was removed in
+    favour of ``async_load`` (3.9)."""
+    try:
+        importlib.import_module("triton.experimental.gluon.nvidia.hopper")  # TensorDescriptor
+        from triton.experimental.gluon.language.nvidia.hopper import tma
+    except ImportError:
+        return None
+    load = "async_load" if hasattr(tma, "async_load") else "async_copy_global_to_shared"
+    return {"tma_load": f"tma.{load}"}
+
+
+# -- which regions qualify -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Softmax:
+    """The parts of a region that is ``softmax(x)·V``: the maximum and sum reductions, the
+    shift ``x − max``, the exponential ``E`` and the normalized ``P = E / Σ E``."""
+
+    maximum: fx.Node
+    total: fx.Node
+    shift: fx.Node
+    exp: fx.Node
+    p: fx.Node
+
+
+def softmax_of(r: Region) -> Softmax | str:
+    """The region's softmax, or why the region is not one softmax followed by ``·V``."""
+    reds = {red.combine: red for red in r.reductions}
+    if len(r.reductions) != 2 or set(reds) != {"max", "sum"}:
+        return "its reductions are not one maximum and one sum (a softmax)"
+    mx, sm = reds["max"], reds["sum"]
+    e = sm.source
+    if packet(e.target) not in HOMOMORPHISMS or r.rescales.get(mx.node) is not HOMOMORPHISMS[packet(e.target)]:
+        return "its sum is not over exp/exp2 of the scores minus their maximum"
+    shift = e.args[0]
+    if (mx.factors or sm.factors or sm.scale is not mx.node or packet(shift.target) is not aten.sub
+            or shift.args[0] is not mx.source or shift.args[1] is not mx.node):
+        return "its sum is not over exp/exp2 of the scores minus their maximum"
+    (sign, p, form), *more = r.terms
+    casts = []  # P = E / Σ E, then cast to a float dtype (bf16 softmax: computed in fp32, cast back)
+    while p not in r.passthrough and _is_float_cast(p):
+        casts.append(p)
+        p = p.args[0]
+    factors = [(f.op, f.row) for f in form.factors]
+    if more or sign != 1 or form.scale is not mx.node or factors != [("div", sm.node)] or r.passthrough.get(p) is not e:
+        return "the value multiplied into V is not exp(scores − max) / sum"
+    if set(r.dag[r.dag.index(mx.node):]) != {mx.node, shift, e, sm.node, p, *casts}:
+        return "the scores are used again after their maximum"
+    return Softmax(mx.node, sm.node, shift, e, p)
+
+
+FLOAT_CASTS = {aten._to_copy, aten.clone, aten.alias}
+
+
+def _is_float_cast(node: fx.Node) -> bool:
+    """A copy of one value that keeps it a float (``.to(bf16)``, ``.float()``, ``clone``)."""
+    if node.op != "call_function" or packet(node.target) not in FLOAT_CASTS:
+        return False
+    dtype = node.kwargs.get("dtype")
+    return dtype is None or dtype.is_floating_point
+
+
+def _dtype_refusal(r: Region) -> str | None:
+    dtypes = {op.node.meta["val"].dtype for op in (r.q, r.k, r.v)}
+    if len(dtypes) != 1 or not dtypes <= set(DTYPES):
+        return "Q, K and V are not all bf16 or all fp16"
+    if r.output.meta["val"].dtype not in dtypes:
+        return "the output's dtype differs from V's"
+    return None
+
+
+# Conditions for the Gluon kernel, each a rule of the refusal that explain() reports.
+REGION_RULES = (
+    (lambda r: r.split is not None, "two softmax streams (differential attention)"),
+    (lambda r: bool(r.partners), "more than one score contraction"),
+    (lambda r: bool(r.side_outputs), "row values returned beside the output"),
+    (lambda r: bool(r.output_ops), "ops applied to the output (a gate, a transpose)"),
+    (lambda r: bool(r.epilogue), "row ops after the loop"),
+    (lambda r: r.D != r.Dv or r.D not in HEAD_DIMS, f"head dims other than D = Dv ∈ {HEAD_DIMS}"),
+    (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
+     "an operand stored transposed (TMA reads Q, K and V as [rows, head dim])"),
+    (lambda r: bool(r.q.scale or r.k.scale or r.v.scale), "an operand scaled before the matmul"),
+    (_dtype_refusal, None),
+)
+
+
+def refusal(r: Region) -> str | None:
+    """Why the Gluon kernel cannot compute ``r``, or None when it can."""
+    if gluon_api() is None:
+        return "this Triton has no Gluon Hopper API"
+    for test, reason in REGION_RULES:
+        verdict = test(r)
+        if verdict:
+            return reason if reason is not None else verdict
+    found = softmax_of(r)
+    return found if isinstance(found, str) else None
+
+
+# -- printing ------------------------------------------------------------------------------
+# Functions of the ``tl`` printers and their Gluon spellings; any other ``tl.`` name is refused.
+GLUON_NAMES = {
+    "tl.sigmoid(": "_fx_sigmoid(", "tl.math.erf(": "gl.erf(",
+    "tl.PropagateNan.ALL": "tl.PropagateNan.ALL",  # an enum Gluon's maximum/minimum take as is
+}
+GLUON_SAME = {"where", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos",
+              "floor", "ceil", "load", "cdiv", "min", "max", "sum", "float32", "float16", "bfloat16", "int1",
+              "int8", "int16", "int32", "int64", "uint8"}
+L1D = "L1D"  # the module's one-dimensional layout (vectors over key tiles or rows)
+HELPERS = {
+    "_fx_sigmoid": "@gluon.jit\ndef _fx_sigmoid(x):\n    return 1.0 / (1.0 + gl.exp(-x))\n",
+    "_fx_tanh": "@gluon.jit\ndef _fx_tanh(x):\n    return libdevice.tanh(x.to(gl.float32))\n",
+}
+
+
+def to_gluon(line: str) -> str:
+    """A line printed for ``tl`` in Gluon: names mapped (``GLUON_NAMES``, ``GLUON_SAME``),
+    ``tl.arange`` given the one-dimensional layout. Unprintable for a name Gluon lacks."""
+    for old, new in GLUON_NAMES.items():
+        line = line.replace(old, new.replace("tl.", "TL_KEEP."))
+    line = line.replace("tl.arange(0, BLOCK_M)", f"gl.arange(0, ROWS_P2, layout={L1D})")  # rows past m_hi masked
+    line = re.sub(r"tl\.arange\(0, (\w+)\)", rf"gl.arange(0, \1, layout={L1D})", line)
+
+    def name(match):
+        if match.group(1) not in GLUON_SAME:
+            raise Unprintable(f"tl.{match.group(1)} has no Gluon form in fxflash's Gluon kernel")
+        return f"gl.{match.group(1)}"
+
+    line = re.sub(r"\btl\.(\w+)", name, line)
+    return line.replace("TL_KEEP.", "tl.")
+
+
+@dataclasses.dataclass
+class GluonPlan:
+    """The Gluon kernel of a region: its source and name, the run-time parameters after the
+    three descriptors and the output pointer (``KernelPlan.args`` kinds), the positions of Q,
+    K and V among the op's inputs, the per-key-tile summaries its tile range reads, and
+    whether that range depends on the rows (heavy row blocks first then)."""
+
+    name: str
+    source: str
+    args: list
+    operands: tuple   # input indices of Q, K, V
+    summaries: tuple
+    d: int
+
+
+def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
+    """Print the Gluon kernel of ``region`` (``refusal(region)`` must be None), reusing emit's
+    printer for the score DAG and the tile range. Raises Unprintable for an op without a
+    Gluon form."""
+    r = region
+    sm = softmax_of(r)
+    pr = _Printer(r, name)
+    pr.kinds = kinds
+    pr.order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
+    fb = len(pr.frame_shape) - 2
+    for i in range(fb):
+        pr.param(f"FB{i}", ("frame", i))
+    pr.param("M", ("frame", fb))
+    pr.param("N", ("frame", fb + 1))
+    operands = tuple(pr.tensor_input(op.node) for op in (r.q, r.k, r.v))
+    rows = []  # _item's lines: each operand's first row in its [rows, D] view, for batch ``lin``
+    for label, op, i in zip("qkv", (r.q, r.k, r.v), operands):
+        rank = op.batch_rank
+        for axis in range(rank):
+            pr.param(f"{label}_nb{axis}", ("size", i, axis))
+            pr.param(f"{label}_sb{axis}", ("stride", i, axis))
+        pr.param(f"{label}_sr", ("stride", i, rank))  # the tensor's rows: M for Q, N for K and V
+        rows += [f"{label}_off = lin.to(gl.int64) * 0", "rest = lin"]
+        for axis in reversed(range(rank)):
+            rows += [f"{label}_off += (rest % {label}_nb{axis}).to(gl.int64) * {label}_sb{axis}",
+                     f"rest = rest // {label}_nb{axis}"]
+        rows.append(f"{label}_row = ({label}_off // {label}_sr).to(gl.int32)")
+    # the score DAG up to the value the maximum reads, as emit prints it for one key tile
+    pr.vars[r.frame] = Value("s", True)
+    for node in r.dag[:r.dag.index(sm.maximum)]:
+        pr.dag_node(node, {})
+    x = pr.vars[next(red.source for red in r.reductions if red.node is sm.maximum)]
+    base, c = x.scaled or (x.code, 1.0)
+    k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
+    score = ([to_gluon(line) for line in pr.pre + pr.loop], base)
+    score_params = list(pr.params)
+    pr.pre, pr.loop = [], []
+    tile_range = [to_gluon(line) for line in pr.tile_range()]
+    source = _module(name, fb, list(pr.params), score_params, score, k, rows, tile_range,
+                     DTYPES[r.q.node.meta["val"].dtype])
+    return GluonPlan(name, source, list(pr.args), operands, tuple(pr.summaries), r.D)
+
+
+def attach(plan, region: Region, kinds: dict) -> None:
+    """Give ``plan`` (emit's KernelPlan of ``region``) its Gluon kernel, or the reason it has none."""
+    why = refusal(region)
+    if why is None:
+        try:
+            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon")
+        except Unprintable as exc:
+            why = str(exc)
+    plan.gluon_refusal = why or ""
+
+
+def _module(name, fb, params, score_params, score, k, rows, tile_range, dtype) -> str:
+    """The kernel module's source (see the module docstring for its structure)."""
+    api = gluon_api()
+    lines, x = score
+    fbs = "".join(f"fb{i}, " for i in range(fb))
+    sp = ", ".join(score_params)
+    common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, "
+              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, lo_t, n_t, {sp}")
+    unravel = []
+    for i in reversed(range(fb)):
+        unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
+    mt = "n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "pid % n_mt"
+    body = "\n".join
+    helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
+    consumers = "\n".join(
+        f"@gluon.jit\ndef _consumer{wg}({common}, PINGPONG: gl.constexpr):\n"
+        f"    _consumer({common}, {wg}, PINGPONG)\n" for wg in range(3))
+    return SKELETON.format(
+        name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
+        params=", ".join(params), score_lines=body("    " + line for line in lines), x=x, k=repr(k),
+        item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
+                                               f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
+        tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
+        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER)
+
+
+# The kernel module. Placeholders: the region's score lines and parameters, the item's
+# unravelling and rows, the tile range, Gluon's TMA load spelling and the operands' dtype.
+SKELETON = '''import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.language.extra import libdevice
+
+L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+{helpers}
+
+@gluon.jit
+def _score(s, rm, cn, {fbs}{sp}):
+    """The region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys ``cn``), as the
+    maximum reads them (without their folded positive factor)."""
+    col_ok = cn < N
+{score_lines}
+    return {x}
+
+
+@gluon.jit
+def _take_turn(turns, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until the previous consumer has issued its k-th wgmmas (consumer 0's
+    first wait passes: a fresh mbarrier has completed phase -1)."""
+    if PINGPONG:
+        if WG == 0:
+            mbarrier.wait(turns.index(0), (k & 1) ^ 1)
+        else:
+            mbarrier.wait(turns.index(WG), k & 1)
+
+
+@gluon.jit
+def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turns.index((WG + 1) % turns.type.shape[0]), count=1)
+
+
+@gluon.jit
+def _loader({common}, PINGPONG: gl.constexpr):
+    """One warp: the CTA's Q tiles, then K_j and V_j into ring buffer j mod NBUF once every
+    consumer has released it."""
+    CONSUMERS: gl.constexpr = turns.type.shape[0]
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    NBUF: gl.constexpr = k_bufs.type.shape[0]
+    mbarrier.expect(q_ready.index(0), CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        {tma_load}(q_desc, [q_row + c * BM, 0], q_ready.index(0), q_bufs.index(c))
+    for j in range(n_t):
+        idx = j % NBUF
+        mbarrier.wait(kv_empty.index(idx), ((j // NBUF) & 1) ^ 1)
+        key = (lo_t + j) * BLOCK_N
+        mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)
+        {tma_load}(k_desc, [k_row + key, 0], k_ready.index(idx), k_bufs.index(idx))
+        mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
+        {tma_load}(v_desc, [v_row + key, 0], v_ready.index(idx), v_bufs.index(idx))
+
+
+@gluon.jit
+def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warp group, 64 query rows: S_(j+1) = Q·K_(j+1)ᵀ issued before O += P_j·V_j, the
+    online softmax of S_(j+1) under that product, O rescaled once it has landed."""
+    CONSUMERS: gl.constexpr = turns.type.shape[0]
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    NBUF: gl.constexpr = k_bufs.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    row0 = mt * (CONSUMERS * BM) + WG * BM
+    rm = gl.expand_dims(row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
+    q = q_bufs.index(WG)
+    mbarrier.wait(q_ready.index(0), 0)
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+
+    mbarrier.wait(k_ready.index(0), 0)
+    _take_turn(turns, 0, WG, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    _pass_turn(turns, WG, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    x = _score(s, rm, gl.expand_dims(lo_t * BLOCK_N + cols, 0), {fbs}{sp})
+    m = gl.max(x, axis=1) * {k}
+    mu = gl.maximum(m, -{flt_max})
+    p = gl.exp2(x * {k} - gl.expand_dims(mu, 1))
+    l_sum = gl.sum(p, axis=1)
+    p = p.to({dtype})
+    for j in range(1, n_t):
+        idx = j % NBUF
+        prev = (j - 1) % NBUF
+        mbarrier.wait(k_ready.index(idx), (j // NBUF) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // NBUF) & 1)
+        p_op = gl.convert_layout(p, p_layout)
+        _take_turn(turns, j, WG, PINGPONG)
+        s_next = warpgroup_mma(q, k_bufs.index(idx).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+        _pass_turn(turns, WG, PINGPONG)
+        s = warpgroup_mma_wait(1, deps=(s_next, ))
+        x = _score(s, rm, gl.expand_dims((lo_t + j) * BLOCK_N + cols, 0), {fbs}{sp})
+        m = gl.maximum(m, gl.max(x, axis=1) * {k}, propagate_nan=tl.PropagateNan.ALL)
+        mu_new = gl.maximum(m, -{flt_max})
+        alpha = gl.exp2(mu - mu_new)
+        p = gl.exp2(x * {k} - gl.expand_dims(mu_new, 1))
+        l_sum = l_sum * alpha + gl.sum(p, axis=1)
+        p = p.to({dtype})
+        mu = mu_new
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        mbarrier.arrive(kv_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    last = (n_t - 1) % NBUF
+    mbarrier.wait(v_ready.index(last), ((n_t - 1) // NBUF) & 1)
+    p_op = gl.convert_layout(p, p_layout)
+    _take_turn(turns, n_t, WG, PINGPONG)
+    acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
+    _pass_turn(turns, WG, PINGPONG)
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+    mbarrier.arrive(kv_empty.index(last), count=1)
+
+    out = acc / gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)
+    out_rows = row0 + gl.arange(0, BM, layout=o_rows)
+    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    offs = gl.expand_dims(lin.to(gl.int64) * M + out_rows, 1) * D + gl.expand_dims(out_cols, 0)
+    gl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(out_rows < M, 1))
+
+
+# One wrapper per consumer: warp_specialize passes its workers run-time values only, and a
+# consumer's index must be a compile-time constant.
+{consumers}
+
+@gluon.jit
+def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
+           CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
+    """One CTA per (batch, block of 64·CONSUMERS rows): its key tiles [lo_t, lo_t + n_t), then
+    a loader warp and CONSUMERS warp groups. ROWS_P2: 64·CONSUMERS rounded up to a power of two."""
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = CONSUMERS * BM
+{item}
+    q_row = q_row + mt * BLOCK_M
+{tile_range}
+    lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
+    n_t = gl.maximum(hi_t - lo_t, 1)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BM, D], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready.index(0), count=1)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(CONSUMERS):
+        mbarrier.init(turns.index(i), count=1)
+    args = ({common}, PINGPONG)
+    if CONSUMERS == 2:
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_consumer2, args), (_loader, args)],
+                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+'''

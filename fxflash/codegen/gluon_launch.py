@@ -1,0 +1,87 @@
+"""Launching a region's Gluon kernel (gluon.py): which configurations a launch can use, the
+TMA descriptors of Q, K and V, and the launch itself."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from ..config import config
+from .gluon import GLUON_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, register_budget, shared_bytes
+
+INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper(index) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _rows_view_refusal(t: torch.Tensor, d: int) -> str | None:
+    """Why ``t`` ([*batch, rows, d]) cannot be read by TMA as one [rows_total, d] matrix: its
+    last axis contiguous, its rows 16-byte aligned at one stride, every batch axis a whole
+    number of rows apart."""
+    sr = t.stride(-2)
+    if t.shape[-1] != d or t.stride(-1) != 1 or sr <= 0:
+        return "an operand whose head dim is not contiguous"
+    if (sr * t.element_size()) % 16 or t.data_ptr() % 16:
+        return "an operand whose rows are not 16-byte aligned"
+    if any(st % sr for st, n in zip(t.stride()[:-2], t.shape[:-2]) if n > 1):
+        return "an operand whose batch axes are not whole rows apart"
+    if _rows_total(t) >= INT32_ROWS:
+        return "more than 2³¹ rows"
+    return None
+
+
+def _rows_total(t: torch.Tensor) -> int:
+    """Rows from ``t``'s first to its last (its [rows_total, d] view)."""
+    last = sum((n - 1) * st for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1)
+    return last // t.stride(-2) + t.shape[-2]
+
+
+def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
+    """Why this launch cannot use the Gluon configuration ``tile``, or None."""
+    device = inputs[0].device
+    if device.type != "cuda" or not _hopper(device.index):
+        return "the Gluon kernel needs a Hopper GPU (sm_90)"
+    for i in gplan.operands:
+        why = _rows_view_refusal(inputs[i], gplan.d)
+        if why:
+            return why
+    if frame[-1] % tile[2]:
+        return f"N = {frame[-1]} is not a multiple of the Gluon key tile {tile[2]}"
+    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size()) > SHARED_BYTES:
+        return "its buffers exceed shared memory"
+    return None
+
+
+def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
+    """The Gluon configurations this launch can use (none with ``config.gluon`` off)."""
+    if gplan is None or not config.gluon:
+        return []
+    return [tile for tile in GLUON_CONFIGS[gplan.d] if launch_refusal(gplan, inputs, frame, tile) is None]
+
+
+def _descriptor(t: torch.Tensor, block: list):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows = t.as_strided((_rows_total(t), t.shape[-1]), (t.stride(-2), 1))
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    return TensorDescriptor.from_tensor(rows, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list) -> None:
+    """Launch ``kernel`` (gplan's module's kernel) with configuration ``tile``; ``args``: the
+    values of ``gplan.args`` for this launch."""
+    _, consumers, block_n, nbuf, pingpong = tile
+    q, k, v = (inputs[i] for i in gplan.operands)
+    descs = (_descriptor(q, [ROWS_PER_CONSUMER, gplan.d]), _descriptor(k, [block_n, gplan.d]),
+             _descriptor(v, [block_n, gplan.d]))
+    rows = consumers * ROWS_PER_CONSUMER
+    maxnreg, regs = register_budget(consumers)
+    grid = (triton.cdiv(frame[-2], rows) * math.prod(frame[:-2]),)
+    kernel[grid](*descs, out, *args, CONSUMERS=consumers, NBUF=nbuf, CONSUMER_REGS=regs,
+                 PINGPONG=bool(pingpong), ROWS_P2=triton.next_power_of_2(rows), num_warps=4, maxnreg=maxnreg)
