@@ -210,6 +210,8 @@ def to_gluon(line: str) -> str:
         line = line.replace(old, new.replace("tl.", "TL_KEEP."))
     line = line.replace("tl.arange(0, BLOCK_M)", f"gl.arange(0, ROWS_P2, layout={L1D})")  # rows past m_hi masked
     line = re.sub(r"tl\.arange\(0, (\w+)\)", rf"gl.arange(0, \1, layout={L1D})", line)
+    # a mask condition proved constant on full tiles (emit's full_tile_loop), as a score tile
+    line = re.sub(r"tl\.full\(\[1, 1\], ([01]), tl\.int1\)", r"gl.full(s.shape, \1, gl.int1, layout=s.type.layout)", line)
 
     def name(match):
         if match.group(1) not in GLUON_SAME:
@@ -269,11 +271,17 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     x = pr.vars[next(red.source for red in r.reductions if red.node is sm.maximum)]
     base, c = x.scaled or (x.code, 1.0)
     k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
-    score = ([to_gluon(line) for line in pr.pre + pr.loop], base)
+    pre, loop = pr.pre, pr.loop
     score_params = list(pr.params)
     pr.pre, pr.loop = [], []
     tile_range = [to_gluon(line) for line in pr.tile_range()]
-    source = _module(name, fb, list(pr.params), score_params, score, k, rows, tile_range,
+    # on the run of tiles where every mask keeps every score, each mask's condition is a
+    # constant (emit's full_tile_loop): a second score function with the masks folded away
+    pr.loop = loop
+    full = pr.full_tile_loop() if pr.full_proved else None
+    scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
+    scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
+    source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range,
                      DTYPES[r.q.node.meta["val"].dtype])
     return GluonPlan(name, source, list(pr.args), operands, tuple(pr.summaries), r.D)
 
@@ -289,31 +297,53 @@ def attach(plan, region: Region, kinds: dict) -> None:
     plan.gluon_refusal = why or ""
 
 
-def _module(name, fb, params, score_params, score, k, rows, tile_range, dtype) -> str:
-    """The kernel module's source (see the module docstring for its structure)."""
+def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) -> str:
+    """The kernel module's source (see the module docstring for its structure); ``scores``:
+    score function name → (lines, returned value)."""
     api = gluon_api()
-    lines, x = score
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
     common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, "
-              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, lo_t, n_t, {sp}")
+              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, lo_t, n_t, f_lo, f_hi, {sp}")
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
     mt = "n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "pid % n_mt"
     body = "\n".join
+    lines = [line for code, _ in scores.values() for line in code]
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
+    score_fns = "\n\n".join(SCORE_FN.format(fn=fn, fbs=fbs, sp=sp, x=x, lines=body("    " + line for line in code))
+                             for fn, (code, x) in scores.items())
+    full = "_score_full" in scores
+    call = f"(s, rm, gl.expand_dims(key_tile * BLOCK_N + cols, 0), {fbs}{sp})"
+
+    def score_call(indent: str) -> str:
+        if not full:
+            return f"x = _score{call}"
+        return (f"if (key_tile >= f_lo) & (key_tile < f_hi):\n{indent}    x = _score_full{call}\n"
+                f"{indent}else:\n{indent}    x = _score{call}")
     consumers = "\n".join(
         f"@gluon.jit\ndef _consumer{wg}({common}, PINGPONG: gl.constexpr):\n"
         f"    _consumer({common}, {wg}, PINGPONG)\n" for wg in range(3))
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
-        params=", ".join(params), score_lines=body("    " + line for line in lines), x=x, k=repr(k),
+        params=", ".join(params), score_fns=score_fns, score_call=score_call("    "),
+        loop_score_call=score_call("        "), k=repr(k),
+        full_range="" if full else "    f_lo = lo_t * 0\n    f_hi = lo_t * 0\n",
         item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
                                                f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER)
 
+
+# A score function: the region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys
+# ``cn``), as the maximum reads them (without their folded positive factor).
+SCORE_FN = '''@gluon.jit
+def {fn}(s, rm, cn, {fbs}{sp}):
+    col_ok = cn < N
+{lines}
+    return {x}
+'''
 
 # The kernel module. Placeholders: the region's score lines and parameters, the item's
 # unravelling and rows, the tile range, Gluon's TMA load spelling and the operands' dtype.
@@ -327,13 +357,7 @@ from triton.language.extra import libdevice
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 {helpers}
 
-@gluon.jit
-def _score(s, rm, cn, {fbs}{sp}):
-    """The region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys ``cn``), as the
-    maximum reads them (without their folded positive factor)."""
-    col_ok = cn < N
-{score_lines}
-    return {x}
+{score_fns}
 
 
 @gluon.jit
@@ -401,7 +425,8 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
     s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    x = _score(s, rm, gl.expand_dims(lo_t * BLOCK_N + cols, 0), {fbs}{sp})
+    key_tile = lo_t
+    {score_call}
     m = gl.max(x, axis=1) * {k}
     mu = gl.maximum(m, -{flt_max})
     p = gl.exp2(x * {k} - gl.expand_dims(mu, 1))
@@ -418,7 +443,8 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
         acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_next, ))
-        x = _score(s, rm, gl.expand_dims((lo_t + j) * BLOCK_N + cols, 0), {fbs}{sp})
+        key_tile = lo_t + j
+        {loop_score_call}
         m = gl.maximum(m, gl.max(x, axis=1) * {k}, propagate_nan=tl.PropagateNan.ALL)
         mu_new = gl.maximum(m, -{flt_max})
         alpha = gl.exp2(mu - mu_new)
@@ -462,6 +488,7 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     q_row = q_row + mt * BLOCK_M
 {tile_range}
     lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
+{full_range}
     n_t = gl.maximum(hi_t - lo_t, 1)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
