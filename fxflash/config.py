@@ -58,6 +58,10 @@ class Config:
                      Gluon kernel with FlashAttention-3's warp-specialized structure, whose
                      configurations the tuner times beside the ``tl`` kernel's (codegen/gluon.py);
                      ``FXFLASH_GLUON=0`` times the ``tl`` kernel's alone.
+    gluon_full_tiles: in the Gluon kernel, score the run of tiles that every mask keeps with a
+                     second score function whose masks are folded away (as ``full_tiles`` does for
+                     the Triton kernel). Off by default: compiled for sm_90 but not yet run on a
+                     GPU (``FXFLASH_GLUON_FULL_TILES=1`` turns it on).
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
                      kernel directly, skipping the JIT entry point's per-call work
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
@@ -76,6 +80,7 @@ class Config:
     log2_max: bool = os.environ.get("FXFLASH_LOG2_MAX", "1") != "0"
     prefetch_epilogue: bool = os.environ.get("FXFLASH_PREFETCH_EPILOGUE", "0") != "0"
     gluon: bool = os.environ.get("FXFLASH_GLUON", "1") != "0"
+    gluon_full_tiles: bool = os.environ.get("FXFLASH_GLUON_FULL_TILES", "0") != "0"
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")

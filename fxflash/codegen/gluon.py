@@ -278,7 +278,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
     pr.loop = loop
-    full = pr.full_tile_loop() if pr.full_proved else None
+    full = pr.full_tile_loop() if pr.full_proved and config.gluon_full_tiles else None
     scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range,
