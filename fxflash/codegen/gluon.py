@@ -225,16 +225,29 @@ def to_gluon(line: str) -> str:
 @dataclasses.dataclass
 class GluonPlan:
     """The Gluon kernel of a region: its source and name, the run-time parameters after the
-    three descriptors and the output pointer (``KernelPlan.args`` kinds), the positions of Q,
-    K and V among the op's inputs, the per-key-tile summaries its tile range reads, and
-    whether that range depends on the rows (heavy row blocks first then)."""
+    three descriptors and the output pointer (``KernelPlan.args`` kinds, indexing
+    ``input_nodes``), the positions of Q, K and V among those inputs, the per-key-tile
+    summaries its tile range reads (``KernelPlan.summaries``), and the head dim."""
 
     name: str
     source: str
     args: list
-    operands: tuple   # input indices of Q, K, V
+    input_nodes: list  # fx nodes whose runtime tensors the kernel reads, in order
+    operands: tuple    # input indices of Q, K, V
     summaries: tuple
     d: int
+
+    def reindexed(self, nodes: list) -> "GluonPlan":
+        """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
+        op passes to both kernels): every input index mapped. ValueError if one is missing."""
+        new = [nodes.index(n) for n in self.input_nodes]
+        args = [(spec[0], new[spec[1]], *spec[2:]) if spec[0] in INPUT_ARGS else spec for spec in self.args]
+        return dataclasses.replace(self, args=args, input_nodes=list(nodes),
+                                   operands=tuple(new[i] for i in self.operands),
+                                   summaries=tuple((new[i], axis) for i, axis in self.summaries))
+
+
+INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
 
 
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
@@ -283,7 +296,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range,
                      DTYPES[r.q.node.meta["val"].dtype])
-    return GluonPlan(name, source, list(pr.args), operands, tuple(pr.summaries), r.D)
+    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D)
 
 
 def attach(plan, region: Region, kinds: dict) -> None:
@@ -291,9 +304,11 @@ def attach(plan, region: Region, kinds: dict) -> None:
     why = refusal(region)
     if why is None:
         try:
-            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon")
+            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon").reindexed(plan.input_nodes)
         except Unprintable as exc:
             why = str(exc)
+        except ValueError:
+            why = "it reads a tensor the Triton kernel does not"
     plan.gluon_refusal = why or ""
 
 

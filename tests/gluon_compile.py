@@ -1,0 +1,59 @@
+"""Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
+process without TRITON_INTERPRET, which cannot run or compile Gluon):
+
+    python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
+
+Prints the kernel's shared memory."""
+import os
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from fxflash.codegen.cache import load_kernel
+from fxflash.codegen.gluon import emit_gluon, refusal, register_budget
+from fxflash.variants import VARIANTS, Shape
+from fxflash.patterns import find_chains
+from fxflash.patterns.region import build_region
+from helpers import analysed
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
+         torch.int32: "i32", torch.bool: "i1"}
+CONSTEXPRS = ("CONSUMERS", "NBUF", "CONSUMER_REGS", "PINGPONG", "ROWS_P2")
+
+
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong):
+    dtype = getattr(torch, dtype)
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=d), dtype)
+    _, analysis = analysed(variant.fn, *args)
+    (chain,) = find_chains(analysis)
+    region = build_region(analysis, chain)
+    assert refusal(region) is None, refusal(region)
+    plan = emit_gluon(region, analysis.kinds)
+    kernel = load_kernel(plan.source, plan.name)
+    layout = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+    def desc(rows):
+        block = [rows, d]
+        return f"tensordesc<{TYPES[dtype]}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
+
+    runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n), "out_ptr": f"*{TYPES[dtype]}"}
+    for spec, arg in zip(plan.args, kernel.arg_names[4:]):
+        runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
+                        "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
+    maxnreg, regs = register_budget(consumers)
+    constexprs = dict(zip(CONSTEXPRS, (consumers, nbuf, regs, bool(pingpong), triton.next_power_of_2(64 * consumers))))
+    signature = {n: runtime.get(n, "constexpr") for n in kernel.arg_names}
+    assert set(signature) - set(runtime) == set(CONSTEXPRS), signature
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes")
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:]))

@@ -1,0 +1,131 @@
+"""The Gluon kernel (codegen/gluon.py) without a GPU: which regions get one and why others do
+not, what it prints, that it compiles for sm_90, and the launch-time checks. The kernels run
+in test_gpu.py (Hopper only: Triton's interpreter cannot run Gluon)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fxflash
+from fxflash.codegen import tuning
+from fxflash.codegen.gluon import GLUON_CONFIGS, gluon_api, to_gluon
+from fxflash.codegen.gluon_launch import _rows_total, _rows_view_refusal, candidates
+from fxflash.codegen.printers import Unprintable
+from fxflash.config import config
+from fxflash.variants import VARIANTS, Shape
+
+SHAPE = Shape(B=2, H=4, Hkv=2, M=40, N=48, D=64, Dv=64)
+needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no Gluon Hopper API")
+
+
+def region_of(name, dtype=torch.bfloat16, shape=SHAPE):
+    variant = VARIANTS[name]
+    (region,) = fxflash.explain(variant.fn, *variant.inputs(shape, dtype)).regions
+    assert region.fused
+    return region
+
+
+@needs_gluon
+@pytest.mark.parametrize("name,printed", [
+    ("vanilla", []),
+    ("softcap", ["_fx_tanh("]),
+    ("alibi", ["gl.exp2("]),                       # the slopes 2^(-8h/H), computed in the kernel
+    ("causal", ["float('-inf')"]),
+    ("document_mask", ["gl.load(in", "sum0_lo"]),  # ids loaded per tile, summarized per key tile
+    ("gqa_expand", ["k_nb2", "k_sb2"]),             # K's broadcast head axis, unravelled for its rows
+])
+def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed):
+    region = region_of(name)
+    source = region.gluon_source
+    assert "gl.warp_specialize(" in source and "warpgroup_mma(" in source
+    assert all(text in source for text in printed), [t for t in printed if t not in source]
+    assert "tl." not in source.replace("tl.PropagateNan", "").replace("import triton.language as tl", "")
+    assert region.steps[-1].startswith("Gluon kernel (Hopper): printed")
+
+
+@needs_gluon
+@pytest.mark.parametrize("name,dtype,reason", [
+    ("sigmoid_attention", torch.bfloat16, "not one maximum and one sum"),
+    ("diff_attention", torch.bfloat16, "two softmax streams"),
+    ("evoformer_row", torch.bfloat16, "ops applied to the output"),
+    ("scale_q_first", torch.bfloat16, "scaled before the matmul"),
+    ("softmax_one", torch.bfloat16, "row ops after the loop"),
+    ("vanilla", torch.float32, "not all bf16 or all fp16"),
+])
+def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
+    shape = SHAPE if name != "evoformer_row" else Shape(B=1, H=2, M=40, N=40, D=64, Dv=64)
+    variant = VARIANTS[name]
+    region = fxflash.explain(variant.fn, *variant.inputs(shape, dtype)).regions[0]
+    assert region.fused and not region.gluon_source
+    assert region.steps[-1].startswith("Gluon kernel (Hopper): none") and reason in region.steps[-1]
+
+
+def test_head_dims_outside_64_and_128_get_none():
+    region = region_of("vanilla", shape=Shape(D=80, Dv=80))
+    assert not region.gluon_source and "head dims" in region.steps[-1]
+
+
+def test_lines_with_a_triton_function_gluon_lacks_are_refused():
+    assert to_gluon("t1 = tl.where(c, tl.exp2(x), tl.maximum(a, b))") == \
+        "t1 = gl.where(c, gl.exp2(x), gl.maximum(a, b))"
+    assert to_gluon("t = tl.sigmoid(x)") == "t = _fx_sigmoid(x)"
+    with pytest.raises(Unprintable, match="tl.cumsum"):
+        to_gluon("t = tl.cumsum(x, 0)")
+
+
+@needs_gluon
+@pytest.mark.parametrize("name,dtype,d,tile,full_tiles", [
+    ("vanilla", "bfloat16", 64, (3, 128, 3, 0), "0"),
+    ("causal", "bfloat16", 64, (3, 128, 3, 1), "1"),
+    ("document_mask", "float16", 64, (2, 128, 3, 0), "1"),
+    ("softcap", "bfloat16", 128, (2, 128, 3, 0), "0"),
+    ("gqa_expand", "bfloat16", 128, (2, 64, 3, 0), "0"),
+])
+def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
+    """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
+    register budget), with Triton's ptxas and no GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FXFLASH_GLUON_FULL_TILES"] = full_tiles
+    here = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), name, dtype, str(d),
+                           *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and f"compiled {name}" in done.stdout, done.stderr[-3000:]
+
+
+def test_rows_view_follows_tma_rules():
+    q = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16)
+    assert _rows_view_refusal(q, 64) is None and _rows_total(q) == 800
+    k = torch.empty(2, 2, 1, 96, 64, dtype=torch.bfloat16).expand(2, 2, 3, 96, 64)  # GQA: a broadcast head
+    assert _rows_view_refusal(k, 64) is None and _rows_total(k) == 4 * 96
+    bshd = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16).transpose(1, 2)  # heads 64 apart, rows 256
+    assert "whole rows apart" in _rows_view_refusal(bshd, 64)
+    assert "not contiguous" in _rows_view_refusal(q.transpose(-1, -2), 100)
+    assert "16-byte aligned" in _rows_view_refusal(torch.empty(2, 4, 100, 68, dtype=torch.bfloat16)[..., :64], 64)
+
+
+@needs_gluon
+def test_gluon_configurations_are_offered_on_hopper_only():
+    from fxflash.codegen.op import _REGISTRY
+
+    args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
+    fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
+    gplan = list(_REGISTRY.values())[-1].plan.gluon  # the op just registered
+    assert gplan is not None and gplan.operands == (0, 1, 2)
+    assert candidates(gplan, list(args), [2, 4, 40, 48]) == []  # CPU tensors
+    config.gluon = False
+    try:
+        assert candidates(gplan, list(args), [2, 4, 40, 48]) == []
+    finally:
+        config.gluon = True
+    assert tuning.describe(GLUON_CONFIGS[64][1]) == \
+        "Gluon: 3 consumer warp groups × 64 rows, 128-key tiles, 3 K/V buffers, ping-pong"
+
+
+@needs_gluon
+def test_a_pinned_gluon_configuration_that_cannot_run_says_why():
+    fast = fxflash.optimize(VARIANTS["vanilla"].fn)
+    args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
+    with tuning.pinned(GLUON_CONFIGS[64][0]), pytest.raises(ValueError, match="needs a Hopper GPU"):
+        fast(*args)
