@@ -117,6 +117,8 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
         log.debug("%s", r)
         if r.source:
             log.debug("generated source:\n%s", r.source)
+        if r.gluon_source:
+            log.debug("generated Gluon source (Hopper):\n%s", r.gluon_source)
     return rewritten, report
 
 
