@@ -172,3 +172,24 @@ def test_the_grammar_produces_programs_that_fuse():
     report = fxflash.explain(program, *args)
     assert [r.fused for r in report.regions] == [True], [r.reason for r in report.regions]
     assert_accurate(program, args, fxflash.optimize(program)(*args))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("FXFLASH_LONG"),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(PROGRAMS)
+def test_random_programs_get_a_gluon_kernel_or_a_reason(spec):
+    """In bf16 with head dim 64 (what the Gluon kernel takes), every fused region is either
+    printed as a Gluon kernel or refused by a named rule — the printer never fails."""
+    from fxflash.codegen.gluon import PRINTER_FAILED, gluon_api
+
+    if gluon_api() is None:
+        pytest.skip("this Triton has no Gluon Hopper API")
+    # with the output as the matmul leaves it (no gate, no transpose), which the Gluon kernel needs
+    program, args = make_program({**spec, "dtype": torch.bfloat16, "D": 64, "Dv": 64, "layout": "bhsd",
+                                  "epilogue": None})
+    for region in fxflash.explain(program, *args).regions:
+        if region.fused:
+            line = region.steps[-1]
+            assert line.startswith("Gluon kernel (Hopper): ") and PRINTER_FAILED not in line, line
+            assert ("printed" in line) == bool(region.gluon_source)
+            event("Gluon kernel" if region.gluon_source else line.split(", ", 1)[-1].split(" (")[0])

@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import importlib
 import re
+import warnings
 
 import torch
 import torch.fx as fx
@@ -240,7 +241,7 @@ class GluonPlan:
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
         op passes to both kernels): every input index mapped. ValueError if one is missing."""
-        new = [nodes.index(n) for n in self.input_nodes]
+        new = [nodes.index(n) for n in self.input_nodes]  # every input of a region is the Triton kernel's
         args = [(spec[0], new[spec[1]], *spec[2:]) if spec[0] in INPUT_ARGS else spec for spec in self.args]
         return dataclasses.replace(self, args=args, input_nodes=list(nodes),
                                    operands=tuple(new[i] for i in self.operands),
@@ -300,16 +301,22 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
 
 
 def attach(plan, region: Region, kinds: dict) -> None:
-    """Give ``plan`` (emit's KernelPlan of ``region``) its Gluon kernel, or the reason it has none."""
+    """Give ``plan`` (emit's KernelPlan of ``region``) its Gluon kernel, or the reason it has none.
+    The Gluon kernel is an optional second form of a region the Triton kernel already computes:
+    a failure to print it (a bug) is reported in a warning and the reason, never raised."""
     why = refusal(region)
     if why is None:
         try:
             plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon").reindexed(plan.input_nodes)
         except Unprintable as exc:
             why = str(exc)
-        except ValueError:
-            why = "it reads a tensor the Triton kernel does not"
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            why = f"{PRINTER_FAILED} ({type(exc).__name__}: {exc})"
+            warnings.warn(f"fxflash: {why}; the region runs its Triton kernel", RuntimeWarning, stacklevel=2)
     plan.gluon_refusal = why or ""
+
+
+PRINTER_FAILED = "printing it failed, a bug in fxflash's Gluon printer"
 
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) -> str:
