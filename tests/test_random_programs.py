@@ -14,6 +14,7 @@ CI runs a bounded number of examples; ``FXFLASH_LONG=1`` runs the long profile.
 import math
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
