@@ -45,8 +45,10 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
         return pinned
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
-    configs = [*plan.configs, *gluon_launch.candidates(plan.gluon, inputs, frame)]
-    return tuning.choose(plan.name, plan.source, configs, [t.dtype for t in inputs], _device_label(device.index),
+    gluon = gluon_launch.candidates(plan.gluon, inputs, frame)
+    source = plan.source + (plan.gluon.source if gluon else "")  # a choice is keyed by every kernel timed
+    return tuning.choose(plan.name, source, [*plan.configs, *gluon], [t.dtype for t in inputs],
+                         _device_label(device.index),
                          frame, run, capturing=torch.cuda.is_current_stream_capturing(),
                          device_index=device.index)
 
