@@ -122,10 +122,11 @@ def softmax_of(r: Region) -> Softmax | str:
         return "its reductions are not one maximum and one sum (a softmax)"
     mx, sm = reds["max"], reds["sum"]
     e = sm.source
-    if packet(e.target) not in HOMOMORPHISMS or r.rescales.get(mx.node) is not HOMOMORPHISMS[packet(e.target)]:
+    hom = HOMOMORPHISMS.get(packet(e.target)) if _is_call(e) else None
+    if hom is None or r.rescales.get(mx.node) is not hom:
         return "its sum is not over exp/exp2 of the scores minus their maximum"
     shift = e.args[0]
-    if (mx.factors or sm.factors or sm.scale is not mx.node or packet(shift.target) is not aten.sub
+    if (mx.factors or sm.factors or sm.scale is not mx.node or not _is_call(shift) or packet(shift.target) is not aten.sub
             or shift.args[0] is not mx.source or shift.args[1] is not mx.node):
         return "its sum is not over exp/exp2 of the scores minus their maximum"
     (sign, p, form), *more = r.terms
@@ -144,9 +145,13 @@ def softmax_of(r: Region) -> Softmax | str:
 FLOAT_CASTS = {aten._to_copy, aten.clone, aten.alias}
 
 
+def _is_call(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function"
+
+
 def _is_float_cast(node: fx.Node) -> bool:
     """A copy of one value that keeps it a float (``.to(bf16)``, ``.float()``, ``clone``)."""
-    if node.op != "call_function" or packet(node.target) not in FLOAT_CASTS:
+    if not _is_call(node) or packet(node.target) not in FLOAT_CASTS:
         return False
     dtype = node.kwargs.get("dtype")
     return dtype is None or dtype.is_floating_point
