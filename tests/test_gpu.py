@@ -258,3 +258,24 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d):
     for tile in GLUON_CONFIGS[d]:
         with tuning.pinned(tile):
             assert_accurate(variant.fn, args, fast(*args))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal", "document_mask",
+                                  "key_lengths"])
+def test_gluon_kernel_with_folded_full_tiles_on_gpu(name, monkeypatch):
+    """``config.gluon_full_tiles``: the masks folded on full tiles keep eager's accuracy."""
+    from fxflash.codegen import tuning
+    from fxflash.codegen.gluon import GLUON_CONFIGS
+    from fxflash.config import config
+
+    monkeypatch.setattr(config, "gluon_full_tiles", True)
+    variant = VARIANTS[name]
+    args = variant.inputs(GLUON_SHAPES[64], torch.bfloat16, "cuda")
+    (region,) = fxflash.explain(variant.fn, *args).regions
+    assert "def _score_full(" in region.gluon_source, region.steps
+    fast = fxflash.optimize(variant.fn)
+    for tile in GLUON_CONFIGS[64]:
+        with tuning.pinned(tile):
+            assert_accurate(variant.fn, args, fast(*args))
