@@ -3,9 +3,13 @@ process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
     python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
 
-Prints the kernel's shared memory."""
+Prints the kernel's shared memory and, from this Triton's ptxas (``-v``), its spills: a proxy
+for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas)."""
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 import triton
@@ -51,7 +55,24 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong):
     assert set(signature) - set(runtime) == set(CONSTEXPRS), signature
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
-    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes")
+    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes; {spills(compiled.asm['ptx'])}")
+
+
+def spills(ptx: str) -> str:
+    """ptxas's spill report for ``ptx`` on sm_90a, or why there is none."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        try:
+            done = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                                  capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"spills unknown ({exc})"
+    found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    return f"spills {found.group(1)}/{found.group(2)} bytes stored/loaded" if found else "spills unknown"
 
 
 if __name__ == "__main__":

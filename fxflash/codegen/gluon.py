@@ -78,12 +78,16 @@ def shared_bytes(tile, d: int, elem: int = 2) -> int:
     return (consumers * ROWS_PER_CONSUMER * d + 2 * nbuf * block_n * d) * elem
 
 
+LOADER_REGS = 24  # registers per thread of the loader's warp group
+
+
 def register_budget(consumers: int) -> tuple[int, int]:
-    """(maxnreg of the kernel, registers per consumer thread): the loader's warp group keeps 24,
-    the consumers share the rest of one CTA's 64 K registers (multiples of 8, at most 256)."""
+    """(maxnreg of the kernel, registers per consumer thread): the loader's warp group keeps
+    ``LOADER_REGS``, the consumers share the rest of one CTA's 64 K registers (multiples of 8,
+    at most 256)."""
     warps = 4 * consumers + 4
     maxnreg = (65536 // (warps * 32)) // 8 * 8
-    per_consumer = (maxnreg * warps * 32 - 24 * 128) // (consumers * 128) // 8 * 8
+    per_consumer = (maxnreg * warps * 32 - LOADER_REGS * 128) // (consumers * 128) // 8 * 8
     return maxnreg, min(per_consumer, 256)
 
 
@@ -360,7 +364,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) 
         item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
                                                f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER)
+        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS)
 
 
 # A score function: the region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys
@@ -382,6 +386,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.language.extra import libdevice
 
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+LOADER_REGS = gl.constexpr({loader_regs})
 {helpers}
 
 {score_fns}
@@ -534,8 +539,8 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
         mbarrier.init(turns.index(i), count=1)
     args = ({common}, PINGPONG)
     if CONSUMERS == 2:
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, 24])
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_consumer2, args), (_loader, args)],
-                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 '''
