@@ -334,8 +334,9 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) 
     api = gluon_api()
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
+    full = "_score_full" in scores
     common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, "
-              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, lo_t, n_t, f_lo, f_hi, {sp}")
+              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, lo_t, n_t, {'f_lo, f_hi, ' if full else ''}{sp}")
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
@@ -343,38 +344,36 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) 
     body = "\n".join
     lines = [line for code, _ in scores.values() for line in code]
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
-    score_fns = "\n\n".join(SCORE_FN.format(fn=fn, fbs=fbs, sp=sp, x=x, lines=body("    " + line for line in code))
+    score_fns = "\n\n\n".join(SCORE_FN.format(fn=fn, fbs=fbs, sp=sp, x=x, lines=body("    " + line for line in code))
                              for fn, (code, x) in scores.items())
-    full = "_score_full" in scores
-    call = f"(s, rm, gl.expand_dims(key_tile * BLOCK_N + cols, 0), {fbs}{sp})"
-
-    def score_call(indent: str) -> str:
+    def score_call(key_tile: str, indent: str) -> str:
+        """``x`` for key tile ``key_tile``: through ``_score_full`` on the run of full tiles."""
+        call = f"(s, rm, gl.expand_dims({key_tile} * BLOCK_N + cols, 0), {fbs}{sp})"
         if not full:
             return f"x = _score{call}"
-        return (f"if (key_tile >= f_lo) & (key_tile < f_hi):\n{indent}    x = _score_full{call}\n"
+        return (f"if ({key_tile} >= f_lo) & ({key_tile} < f_hi):\n{indent}    x = _score_full{call}\n"
                 f"{indent}else:\n{indent}    x = _score{call}")
     consumers = "\n".join(
         f"@gluon.jit\ndef _consumer{wg}({common}, PINGPONG: gl.constexpr):\n"
         f"    _consumer({common}, {wg}, PINGPONG)\n" for wg in range(3))
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
-        params=", ".join(params), score_fns=score_fns, score_call=score_call("    "),
-        loop_score_call=score_call("        "), k=repr(k),
-        full_range="" if full else "    f_lo = lo_t * 0\n    f_hi = lo_t * 0\n",
+        params=", ".join(params), score_fns=score_fns, first_score=score_call("lo_t", "    "),
+        loop_score=score_call("(lo_t + j)", "        "), k=repr(k),
         item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
                                                f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS)
 
 
-# A score function: the region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys
-# ``cn``), as the maximum reads them (without their folded positive factor).
+# A score function (``_score``, and ``_score_full`` with the masks folded).
 SCORE_FN = '''@gluon.jit
 def {fn}(s, rm, cn, {fbs}{sp}):
+    """The region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys ``cn``), as the
+    maximum reads them (without their folded positive factor)."""
     col_ok = cn < N
 {lines}
-    return {x}
-'''
+    return {x}'''
 
 # The kernel module. Placeholders: the region's score lines and parameters, the item's
 # unravelling and rows, the tile range, Gluon's TMA load spelling and the operands' dtype.
@@ -386,7 +385,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.language.extra import libdevice
 
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-LOADER_REGS = gl.constexpr({loader_regs})
 {helpers}
 
 {score_fns}
@@ -457,8 +455,7 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
     s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    key_tile = lo_t
-    {score_call}
+    {first_score}
     m = gl.max(x, axis=1) * {k}
     mu = gl.maximum(m, -{flt_max})
     p = gl.exp2(x * {k} - gl.expand_dims(mu, 1))
@@ -475,8 +472,7 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
         acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_next, ))
-        key_tile = lo_t + j
-        {loop_score_call}
+        {loop_score}
         m = gl.maximum(m, gl.max(x, axis=1) * {k}, propagate_nan=tl.PropagateNan.ALL)
         mu_new = gl.maximum(m, -{flt_max})
         alpha = gl.exp2(mu - mu_new)
@@ -520,7 +516,6 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     q_row = q_row + mt * BLOCK_M
 {tile_range}
     lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
-{full_range}
     n_t = gl.maximum(hi_t - lo_t, 1)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
@@ -539,8 +534,8 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
         mbarrier.init(turns.index(i), count=1)
     args = ({common}, PINGPONG)
     if CONSUMERS == 2:
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, {loader_regs}])
     else:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_consumer2, args), (_loader, args)],
-                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, {loader_regs}])
 '''
