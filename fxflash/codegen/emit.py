@@ -509,15 +509,21 @@ class _Printer:
         return rule(*(a.bound for a in args))
 
     # -- the kernel ----------------------------------------------------------------------
-    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
+    def begin(self, kinds: dict) -> int:
+        """Start printing a kernel: the graph's op kinds, and the frame sizes ``FB0…, M, N`` as
+        its first parameters. Returns the number of frame batch axes."""
         self.kinds = kinds
-        r = self.r
-        self.order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
+        self.order = {n: i for i, n in enumerate(self.r.frame.graph.nodes)}
         fb = len(self.frame_shape) - 2
         for i in range(fb):
             self.param(f"FB{i}", ("frame", i))
         self.param("M", ("frame", fb))
         self.param("N", ("frame", fb + 1))
+        return fb
+
+    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
+        r = self.r
+        fb = self.begin(kinds)
         self.pre.append("pid = tl.program_id(0)")
         dv_start = ""  # this program's first Dv column
         if self.dv_split > 1:  # the parts of one row tile run side by side, sharing its K/V tiles in L2

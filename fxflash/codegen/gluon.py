@@ -267,13 +267,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     r = region
     sm = softmax_of(r)
     pr = _Printer(r, name)
-    pr.kinds = kinds
-    pr.order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
-    fb = len(pr.frame_shape) - 2
-    for i in range(fb):
-        pr.param(f"FB{i}", ("frame", i))
-    pr.param("M", ("frame", fb))
-    pr.param("N", ("frame", fb + 1))
+    fb = pr.begin(kinds)
     operands = tuple(pr.tensor_input(op.node) for op in (r.q, r.k, r.v))
     rows = []  # _item's lines: each operand's first row in its [rows, D] view, for batch ``lin``
     for label, op, i in zip("qkv", (r.q, r.k, r.v), operands):
