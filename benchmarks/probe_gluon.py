@@ -53,9 +53,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# the generated Gluon kernel's row block and register split are this probe's (fxflash/codegen/gluon.py)
+from fxflash.codegen.gluon import ROWS_PER_CONSUMER, register_budget  # noqa: E402
+from fxflash.patterns.rules import LOG2E as _LOG2E  # noqa: E402
 
-ROWS_PER_CONSUMER = 64  # one wgmma M extent: 4 warps × 16 rows
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+LOG2E: gl.constexpr = gl.constexpr(_LOG2E)
 SCORES = {"vanilla": 0, "causal": 1, "alibi": 2, "alibi_cols": 3}  # what _score does to Q·Kᵀ
 CAUSAL: gl.constexpr = gl.constexpr(SCORES["causal"])
 ALIBI: gl.constexpr = gl.constexpr(SCORES["alibi"])
@@ -346,15 +348,6 @@ def descriptors(q, k, v, block_n):
     return (TensorDescriptor.from_tensor(flat[0], [ROWS_PER_CONSUMER, D], layout),
             TensorDescriptor.from_tensor(flat[1], [block_n, D], kv_layout),
             TensorDescriptor.from_tensor(flat[2], [block_n, D], kv_layout))
-
-
-def register_budget(consumers: int) -> tuple[int, int]:
-    """(maxnreg for the kernel, registers per consumer thread): the loader's warp group keeps
-    24, the consumers share the rest of the 64 K registers of one CTA per SM (multiples of 8)."""
-    warps = 4 * consumers + 4
-    maxnreg = (65536 // (warps * 32)) // 8 * 8
-    per_consumer = (maxnreg * warps * 32 - 24 * 128) // (consumers * 128) // 8 * 8
-    return maxnreg, min(per_consumer, 256)
 
 
 def gluon_attention(q, k, v, out, consumers: int, block_n: int, nbuf: int, pingpong: bool = False,
