@@ -1,7 +1,7 @@
 """Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
-    python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
+    python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM]
 
 Prints the kernel's shared memory and, from this Triton's ptxas (``-v``), its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas)."""
@@ -29,7 +29,7 @@ TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
 CONSTEXPRS = ("CONSUMERS", "NBUF", "CONSUMER_REGS", "PINGPONG", "ROWS_P2")
 
 
-def main(name, dtype, d, consumers, block_n, nbuf, pingpong):
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=d), dtype)
@@ -49,13 +49,14 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong):
     for spec, arg in zip(plan.args, kernel.arg_names[4:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
-    maxnreg, regs = register_budget(consumers)
+    maxnreg, regs = register_budget(consumers, ctas)
     constexprs = dict(zip(CONSTEXPRS, (consumers, nbuf, regs, bool(pingpong), triton.next_power_of_2(64 * consumers))))
     signature = {n: runtime.get(n, "constexpr") for n in kernel.arg_names}
     assert set(signature) - set(runtime) == set(CONSTEXPRS), signature
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
-    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes; {spills(compiled.asm['ptx'])}")
+    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes, {regs} registers per "
+          f"consumer thread; {spills(compiled.asm['ptx'])}")
 
 
 def spills(ptx: str) -> str:

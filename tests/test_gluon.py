@@ -10,7 +10,8 @@ import torch
 
 import fxflash
 from fxflash.codegen import tuning
-from fxflash.codegen.gluon import GLUON_CONFIGS, gluon_api, to_gluon
+from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, SHARED_BYTES, gluon_api, gluon_tile, register_budget,
+                                   shared_bytes, to_gluon)
 from fxflash.codegen.gluon_launch import _rows_total, _rows_view_refusal, candidates
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
@@ -77,11 +78,12 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
 
 @needs_gluon
 @pytest.mark.parametrize("name,dtype,d,tile,full_tiles", [
-    ("vanilla", "bfloat16", 64, (3, 128, 3, 0), "0"),
-    ("causal", "bfloat16", 64, (3, 128, 3, 1), "1"),
-    ("document_mask", "float16", 64, (2, 128, 3, 0), "1"),
-    ("softcap", "bfloat16", 128, (2, 128, 3, 0), "0"),
-    ("gqa_expand", "bfloat16", 128, (2, 64, 3, 0), "0"),
+    ("vanilla", "bfloat16", 64, (3, 128, 3, 0, 1), "0"),
+    ("causal", "bfloat16", 64, (3, 128, 3, 1, 1), "1"),
+    ("document_mask", "float16", 64, (2, 128, 3, 0, 1), "1"),
+    ("alibi", "bfloat16", 64, (1, 128, 3, 0, 2), "1"),
+    ("softcap", "bfloat16", 128, (2, 128, 3, 0, 1), "0"),
+    ("gqa_expand", "bfloat16", 128, (1, 64, 3, 0, 2), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
@@ -121,6 +123,8 @@ def test_gluon_configurations_are_offered_on_hopper_only():
         config.gluon = True
     assert tuning.describe(GLUON_CONFIGS[64][1]) == \
         "Gluon: 3 consumer warp groups × 64 rows, 128-key tiles, 3 K/V buffers, ping-pong"
+    assert tuning.describe(("gluon", 1, 64, 3, 0, 2)) == \
+        "Gluon: 1 consumer warp group × 64 rows, 64-key tiles, 3 K/V buffers, 2 CTAs per SM"
 
 
 @needs_gluon
@@ -129,3 +133,16 @@ def test_a_pinned_gluon_configuration_that_cannot_run_says_why():
     args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
     with tuning.pinned(GLUON_CONFIGS[64][0]), pytest.raises(ValueError, match="needs a Hopper GPU"):
         fast(*args)
+
+
+def test_every_configuration_fits_its_share_of_an_sm():
+    """Each configuration's CTAs per SM fit Hopper's registers and shared memory together, and
+    the consumers keep at least the three-consumer kernel's 160 registers (no spills at 160,
+    tests/gluon_compile.py)."""
+    for d, tiles in GLUON_CONFIGS.items():
+        for tile in tiles:
+            t = gluon_tile(tile)
+            maxnreg, regs = register_budget(t.consumers, t.ctas)
+            assert t.ctas * maxnreg * (4 * t.consumers + 4) * 32 <= 65536, tile
+            assert 160 <= regs <= 256 and regs * t.consumers * 128 + LOADER_REGS * 128 <= maxnreg * (4 * t.consumers + 4) * 32
+            assert t.ctas * shared_bytes(tile, d) <= SHARED_BYTES, tile

@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxflash
+from fxflash.codegen.gluon import GLUON_CONFIGS
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 from test_fused import FUSED_VARIANTS
@@ -171,6 +172,7 @@ def test_every_candidate_tile_on_gpu(name):
 TUNE_AND_REPORT = """
 import json, torch, fxflash
 from fxflash.codegen import tuning
+from fxflash.codegen.gluon import GLUON_CONFIGS
 from fxflash.variants import VARIANTS, Shape
 v = VARIANTS["causal"]
 args = v.inputs(Shape(B=2, H=4, Hkv=4, M=700, N=700, D=64, Dv=64), torch.bfloat16, "cuda")
@@ -242,22 +244,21 @@ GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d,tile", [(d, tile) for d, tiles in GLUON_CONFIGS.items() for tile in tiles],
+                         ids=lambda x: x if isinstance(x, int) else "x".join(map(str, x[1:])))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name", GLUON_VARIANTS)
-def test_generated_gluon_kernel_on_gpu(name, dtype, d):
-    """Every Gluon configuration of the region's generated Gluon kernel keeps eager's accuracy."""
+def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
+    """Each Gluon configuration (ids: consumers x key tile x buffers x ping-pong x CTAs per SM)
+    of the region's generated Gluon kernel keeps eager's accuracy."""
     from fxflash.codegen import tuning
-    from fxflash.codegen.gluon import GLUON_CONFIGS
 
     variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[d], dtype, "cuda")
     (region,) = fxflash.explain(variant.fn, *args).regions
     assert region.fused and "warp_specialize" in region.gluon_source, region.steps
-    fast = fxflash.optimize(variant.fn)
-    for tile in GLUON_CONFIGS[d]:
-        with tuning.pinned(tile):
-            assert_accurate(variant.fn, args, fast(*args))
+    with tuning.pinned(tile):
+        assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
@@ -267,7 +268,6 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d):
 def test_gluon_kernel_with_folded_full_tiles_on_gpu(name, monkeypatch):
     """``config.gluon_full_tiles``: the masks folded on full tiles keep eager's accuracy."""
     from fxflash.codegen import tuning
-    from fxflash.codegen.gluon import GLUON_CONFIGS
     from fxflash.config import config
 
     monkeypatch.setattr(config, "gluon_full_tiles", True)

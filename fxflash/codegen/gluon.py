@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import importlib
 import re
+import typing
 import warnings
 
 import torch
@@ -58,35 +59,52 @@ DTYPES = {torch.bfloat16: "gl.bfloat16", torch.float16: "gl.float16"}
 SHARED_BYTES = 227 * 1024   # Hopper's shared memory per CTA
 FLT_MAX = "3.4028234663852886e+38"
 
-# Gluon configurations ("gluon", consumers, key tile, K/V buffers, ping-pong), by head dim,
-# fastest first as measured with the hand-written probe on an H200 (benchmarks/NOTES.md,
+# Gluon configurations ("gluon", consumers, key tile, K/V buffers, ping-pong, CTAs per SM), by
+# head dim, fastest first as measured with the hand-written probe on an H200 (benchmarks/NOTES.md,
 # twelfth session: 3 consumers of 64 rows with 128-key tiles and 3 buffers; ping-pong for
-# ALiBi; 2 consumers at head dim 128, where 3 do not fit in shared memory).
+# ALiBi; 2 consumers at head dim 128, where 3 do not fit in shared memory). One consumer with
+# registers and shared memory for two CTAs per SM: one CTA's Q load and epilogue overlap the
+# other's key loop (short rows, fourteenth session).
 GLUON_CONFIGS = {
-    64: (("gluon", 3, 128, 3, 0), ("gluon", 3, 128, 3, 1), ("gluon", 2, 128, 3, 0)),
-    128: (("gluon", 2, 128, 3, 0), ("gluon", 2, 128, 2, 0), ("gluon", 2, 64, 3, 0)),
+    64: (("gluon", 3, 128, 3, 0, 1), ("gluon", 3, 128, 3, 1, 1), ("gluon", 2, 128, 3, 0, 1),
+         ("gluon", 1, 128, 3, 0, 2)),
+    128: (("gluon", 2, 128, 3, 0, 1), ("gluon", 2, 128, 2, 0, 1), ("gluon", 2, 64, 3, 0, 1),
+          ("gluon", 1, 64, 3, 0, 2)),
 }
+
+
+class GluonTile(typing.NamedTuple):
+    """A Gluon configuration's fields (a tile of GLUON_CONFIGS without its "gluon" tag)."""
+    consumers: int   # warp groups of ROWS_PER_CONSUMER query rows each
+    block_n: int     # keys per K/V tile
+    nbuf: int        # K/V tiles in flight (shared-memory ring)
+    pingpong: int    # consumers take turns issuing their matrix products
+    ctas: int        # CTAs per SM the register and shared-memory budgets are split for
 
 
 def is_gluon_tile(tile) -> bool:
     return bool(tile) and tile[0] == "gluon"
 
 
+def gluon_tile(tile) -> GluonTile:
+    return GluonTile(*tile[1:])
+
+
 def shared_bytes(tile, d: int, elem: int = 2) -> int:
-    """Q tiles of every consumer plus ``NBUF`` K and V tiles."""
-    _, consumers, block_n, nbuf, _ = tile
-    return (consumers * ROWS_PER_CONSUMER * d + 2 * nbuf * block_n * d) * elem
+    """Q tiles of every consumer plus ``NBUF`` K and V tiles, for one CTA."""
+    t = gluon_tile(tile)
+    return (t.consumers * ROWS_PER_CONSUMER * d + 2 * t.nbuf * t.block_n * d) * elem
 
 
 LOADER_REGS = 24  # registers per thread of the loader's warp group
 
 
-def register_budget(consumers: int) -> tuple[int, int]:
+def register_budget(consumers: int, ctas: int = 1) -> tuple[int, int]:
     """(maxnreg of the kernel, registers per consumer thread): the loader's warp group keeps
-    ``LOADER_REGS``, the consumers share the rest of one CTA's 64 K registers (multiples of 8,
-    at most 256)."""
+    ``LOADER_REGS``, the consumers share the rest of the CTA's part (1/``ctas``) of the SM's
+    64 K registers (multiples of 8, at most 256)."""
     warps = 4 * consumers + 4
-    maxnreg = (65536 // (warps * 32)) // 8 * 8
+    maxnreg = (65536 // (ctas * warps * 32)) // 8 * 8
     per_consumer = (maxnreg * warps * 32 - LOADER_REGS * 128) // (consumers * 128) // 8 * 8
     return maxnreg, min(per_consumer, 256)
 
@@ -527,7 +545,9 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(turns.index(i), count=1)
     args = ({common}, PINGPONG)
-    if CONSUMERS == 2:
+    if CONSUMERS == 1:
+        gl.warp_specialize([(_consumer0, args), (_loader, args)], [1], [{loader_regs}])
+    elif CONSUMERS == 2:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, {loader_regs}])
     else:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_consumer2, args), (_loader, args)],

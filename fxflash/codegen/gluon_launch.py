@@ -9,7 +9,8 @@ import torch
 import triton
 
 from ..config import config
-from .gluon import GLUON_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, register_budget, shared_bytes
+from .gluon import (GLUON_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, gluon_tile, register_budget,
+                    shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
 
@@ -50,9 +51,10 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         why = _rows_view_refusal(inputs[i], gplan.d)
         if why:
             return why
-    if frame[-1] % tile[2]:
-        return f"N = {frame[-1]} is not a multiple of the Gluon key tile {tile[2]}"
-    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size()) > SHARED_BYTES:
+    t = gluon_tile(tile)
+    if frame[-1] % t.block_n:
+        return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
+    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size()) * t.ctas > SHARED_BYTES:
         return "its buffers exceed shared memory"
     return None
 
@@ -76,12 +78,12 @@ def _descriptor(t: torch.Tensor, block: list):
 def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list) -> None:
     """Launch ``kernel`` (gplan's module's kernel) with configuration ``tile``; ``args``: the
     values of ``gplan.args`` for this launch."""
-    _, consumers, block_n, nbuf, pingpong = tile
+    t = gluon_tile(tile)
     q, k, v = (inputs[i] for i in gplan.operands)
-    descs = (_descriptor(q, [ROWS_PER_CONSUMER, gplan.d]), _descriptor(k, [block_n, gplan.d]),
-             _descriptor(v, [block_n, gplan.d]))
-    rows = consumers * ROWS_PER_CONSUMER
-    maxnreg, regs = register_budget(consumers)
+    descs = (_descriptor(q, [ROWS_PER_CONSUMER, gplan.d]), _descriptor(k, [t.block_n, gplan.d]),
+             _descriptor(v, [t.block_n, gplan.d]))
+    rows = t.consumers * ROWS_PER_CONSUMER
+    maxnreg, regs = register_budget(t.consumers, t.ctas)
     grid = (triton.cdiv(frame[-2], rows) * math.prod(frame[:-2]),)
-    kernel[grid](*descs, out, *args, CONSUMERS=consumers, NBUF=nbuf, CONSUMER_REGS=regs,
-                 PINGPONG=bool(pingpong), ROWS_P2=triton.next_power_of_2(rows), num_warps=4, maxnreg=maxnreg)
+    kernel[grid](*descs, out, *args, CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=regs,
+                 PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows), num_warps=4, maxnreg=maxnreg)

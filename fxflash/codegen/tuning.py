@@ -56,6 +56,7 @@ import triton
 
 from ..config import config
 from .cache import cache_dir, source_key
+from .gluon import gluon_tile
 
 log = logging.getLogger("fxflash")
 
@@ -107,9 +108,9 @@ def _label(tile: Tile) -> str:
 
 def describe(tile: Tile) -> str:
     if tile[0] == "gluon":  # gluon.GLUON_CONFIGS
-        _, consumers, bn, nbuf, pingpong = tile
-        return (f"Gluon: {consumers} consumer warp groups × 64 rows, {bn}-key tiles, {nbuf} K/V buffers"
-                + (", ping-pong" if pingpong else ""))
+        t = gluon_tile(tile)
+        return (f"Gluon: {t.consumers} consumer warp group{'s' if t.consumers > 1 else ''} × 64 rows, {t.block_n}-key tiles, {t.nbuf} K/V buffers"
+                + (", ping-pong" if t.pingpong else "") + (f", {t.ctas} CTAs per SM" if t.ctas > 1 else ""))
     bm, bn, warps, stages = tile
     return f"{bm}×{bn} tiles, {warps} warps, {stages} stages"
 
