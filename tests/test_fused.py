@@ -485,6 +485,42 @@ def test_a_positive_score_scale_is_folded_past_max_and_into_exp2(name, fold, log
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
+def _row_bias(q, k, v):
+    """A per-query bias subtracted from the scaled scores (constant along the keys)."""
+    r = torch.arange(q.size(-2), device=q.device, dtype=q.dtype)[:, None] / 64
+    return torch.softmax((q @ k.transpose(-2, -1)) * 0.125 - r, dim=-1) @ v
+
+
+def _key_bias(q, k, v):
+    """A bias that varies along the keys with no factor constant along them: not folded."""
+    b = torch.arange(k.size(-2), device=q.device, dtype=q.dtype) / 64
+    return torch.softmax((q @ k.transpose(-2, -1)) * 0.125 + b, dim=-1) @ v
+
+
+def _tiny_scale_alibi(q, k, v):
+    """ALiBi under a scale below BIAS_FOLD_RANGE: ``bias / c`` could overflow, not folded."""
+    dist = torch.arange(k.size(-2), device=q.device)[None, :] - torch.arange(q.size(-2), device=q.device)[:, None]
+    return torch.softmax((q @ k.transpose(-2, -1)) * 2.0 ** -30 + (0.5 * dist).to(q.dtype), dim=-1) @ v
+
+
+@pytest.mark.parametrize("fold_add", [True, False])
+@pytest.mark.parametrize("fn, c, folds", [(VARIANTS["alibi"].fn, None, True), (_row_bias, 0.125, True),
+                                          (_key_bias, 0.125, False), (_tiny_scale_alibi, 2.0 ** -30, False)],
+                         ids=["alibi", "row_bias", "key_bias", "tiny_scale"])
+def test_a_positive_score_scale_is_folded_past_a_bias_constant_along_the_keys(fn, c, folds, fold_add, monkeypatch):
+    """``c·s ± f·b = c·(s ± (f/c)·b)`` with ``f`` constant along the keys (ALiBi's per-head
+    slope, a per-query bias): the scale goes into the exponent's multiply-add and each score
+    takes one multiply-add for the bias (config.fold_scale_add). A bias varying along the keys
+    without such a factor, or a scale outside BIAS_FOLD_RANGE, keeps the multiply. Same
+    accuracy either way."""
+    monkeypatch.setattr(fxflash.config, "fold_scale_add", fold_add)
+    args = VARIANTS["vanilla"].inputs(SHAPES["odd"], torch.float16)
+    c = c or 1 / math.sqrt(args[0].size(-1))
+    source = fxflash.explain(fn, *args).regions[0].source
+    assert (f"* {c * LOG2E!r} - mu_amax" in source) == (fold_add and folds)
+    assert_accurate(fn, args, fxflash.optimize(fn)(*args))
+
+
 def test_a_negative_or_tensor_scale_is_not_folded():
     """max(c·x) = c·max(x) needs c > 0: a negative literal, or a scale held in a tensor, keeps
     the multiply per score (and the result stays eager's); each tile's maximum is multiplied by

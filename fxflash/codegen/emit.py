@@ -82,13 +82,16 @@ class Value:
     ``|v| ≤ a·S + b`` with S the largest frame size (checked at every launch). ``scaled =
     (base, c)``: the value equals ``c · base`` for a positive constant ``c`` (rules.POSITIVE_SCALE),
     so a max/min over it is ``c`` times the max/min over ``base`` and ``exp(v − m)`` one
-    multiply-add on ``base``."""
+    multiply-add on ``base``. ``row_factor = (f, b)``: the value equals ``f · b`` with ``f`` constant
+    along the keys (a scalar or a row vector), so dividing it by a constant costs one operation
+    per row, not per score."""
 
     code: str
     varies_n: bool = False
     is_literal: bool = False
     bound: tuple | None = None
     scaled: tuple | None = None
+    row_factor: tuple | None = None
 
 
 # Integer ops computed in int32 on index values, with the bound of their result from the
@@ -471,6 +474,8 @@ class _Printer:
             if not re.fullmatch(r"\w+", base):
                 base = self.place(base, varies).code
             value = dataclasses.replace(value, scaled=(base, c))
+        if folds and config.fold_scale_add:
+            value = dataclasses.replace(value, row_factor=_row_factor(p, args))
         return value
 
     # -- int32 index arithmetic ------------------------------------------------------------
@@ -1000,6 +1005,42 @@ def _masked(node, args) -> tuple | None:
     return None
 
 
+def _row_factor(p, args: list) -> tuple | None:
+    """Value.row_factor of ``p(*args)``: a product of a value constant along the keys and one
+    that varies, or a float cast of such a product."""
+    if p is aten.mul and len(args) == 2 and all(isinstance(a, Value) for a in args):
+        a, b = args
+        for f, x in ((a, b), (b, a)):
+            if not f.varies_n and x.varies_n:
+                return f.code, x.code
+    if POSITIVE_SCALE.get(p) == "same":
+        return args[0].row_factor
+    return None
+
+
+# The factors a bias may be divided by without rounding the scores beyond fp32 (``x + b/c``
+# stays finite wherever ``c·x + b`` is, up to 2²⁴ below FLT_MAX).
+BIAS_FOLD_RANGE = (2.0 ** -24, 2.0 ** 24)
+
+
+def _plus(node, args, sign: str) -> tuple | None:
+    """``c·x ± y`` as ``(x ± y/c, c)``, where ``y/c`` costs one operation per row: ``y`` constant
+    along the keys, or ``f·b`` with ``f`` constant along them (Value.row_factor)."""
+    if node.kwargs.get("alpha", 1) != 1 or not config.fold_scale_add or len(args) != 2:
+        return None
+    for x, y in (args, args[::-1]) if sign == "+" else (args,):  # c·x − y needs x first
+        if x.scaled is None or not BIAS_FOLD_RANGE[0] <= x.scaled[1] <= BIAS_FOLD_RANGE[1]:
+            continue
+        base, c = x.scaled
+        k = repr(1 / c)
+        if not y.varies_n:
+            return f"{base} {sign} {y.code} * {k}", c
+        if y.row_factor is not None:
+            f, b = y.row_factor
+            return f"{base} {sign} ({f} * {k}) * {b}", c
+    return None
+
+
 # How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args).
 SCALE_CARRIERS = {
     "times": lambda node, a: _times(a[0], _positive_literal(a[1])) or _times(a[1], _positive_literal(a[0])),
@@ -1007,6 +1048,8 @@ SCALE_CARRIERS = {
                              if node.kwargs.get("rounding_mode") is None else None),
     "same": lambda node, a: a[0].scaled,
     "masked": _masked,
+    "plus": lambda node, a: _plus(node, a, "+"),
+    "minus": lambda node, a: _plus(node, a, "-"),
 }
 
 

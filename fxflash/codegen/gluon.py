@@ -7,7 +7,8 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 
 * one *loader* warp copies the CTA's Q tiles and each K and V tile by TMA into a ring of
   ``NBUF`` shared-memory buffers (mbarrier ready/empty pairs);
-* ``CONSUMERS`` warp groups of 4 warps own 64 query rows each and share every K/V tile;
+* ``CONSUMERS`` (1–3) warp groups of 4 warps own 64 query rows each and share every K/V tile
+  (one consumer leaves registers and shared memory for a second CTA on the SM);
   inside each, the next tile's ``S = Q·Kᵀ`` (asynchronous wgmma) is issued before the current
   ``P·V``, and the softmax of one tile runs while the tensor cores work on the other; with
   ping-pong the consumers' matrix products take turns;

@@ -68,7 +68,8 @@ HOMOMORPHISMS = {
 # Ops through which a value stays a positive constant multiple ``c·x`` of a cheaper value ``x``
 # (codegen's Value.scaled), and how: "times" (``x · c`` or ``c · x``, c a positive literal),
 # "over" (``x / c``), "same" (a float cast: the kernel holds every float in fp32), "masked"
-# (``where(m, -inf, c·x) = c·where(m, -inf, x)``). Then ``max(c·x) = c·max(x)`` (rounding is
+# (``where(m, -inf, c·x) = c·where(m, -inf, x)``), "plus"/"minus" (a bias whose factor ``f`` is
+# constant along the keys, Value.row_factor, takes ``1/c`` per row: ``c·(x ± (f/c)·b)``). Then ``max(c·x) = c·max(x)`` (rounding is
 # monotone: the same value for one multiply, within an ulp for a product of constants) and ``exp(c·x − m) = 2^(x·(c·log₂e) − m·log₂e)``: the score scale
 # costs nothing per score.
 POSITIVE_SCALE = {
@@ -76,6 +77,8 @@ POSITIVE_SCALE = {
     aten.div: "over",
     aten._to_copy: "same",
     aten.where: "masked",
+    aten.add: "plus",    # c·x + f·b = c·(x + (f/c)·b), f constant along the keys (ALiBi's slope)
+    aten.sub: "minus",   # c·x − f·b = c·(x − (f/c)·b)
 }
 
 # Reductions over the demoted axis that can be computed online: packet → (combine, identity).
