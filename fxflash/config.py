@@ -41,10 +41,6 @@ class Config:
     fold_scale_add:  with fold_scale, carry the factor past an added bias too, ``c·x + f·b =
                      c·(x + (f/c)·b)`` with ``f`` constant along the keys (ALiBi's slope), one
                      multiply-add per score; ``FXFLASH_FOLD_SCALE_ADD=0`` multiplies (for A/B).
-    split_index_casts: a float op reading an index difference ``j − i`` converts each part
-                     (a column and a row vector) instead of the difference at every score: one
-                     float subtraction per score instead of an integer one and a conversion, exact
-                     below 2²⁴ (larger sizes run eager); ``FXFLASH_SPLIT_INDEX_CASTS=0`` (A/B).
     heavy_rows_first: give the row tiles to programs last tile first, so that under a mask that
                      lets later queries see more keys (causal, prefix-LM) the longest programs
                      start first and the short ones fill the last wave; ``FXFLASH_HEAVY_ROWS_FIRST=0``
@@ -84,7 +80,6 @@ class Config:
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"
     fold_scale: bool = os.environ.get("FXFLASH_FOLD_SCALE", "1") != "0"
     fold_scale_add: bool = os.environ.get("FXFLASH_FOLD_SCALE_ADD", "1") != "0"
-    split_index_casts: bool = os.environ.get("FXFLASH_SPLIT_INDEX_CASTS", "1") != "0"
     heavy_rows_first: bool = os.environ.get("FXFLASH_HEAVY_ROWS_FIRST", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
     log2_max: bool = os.environ.get("FXFLASH_LOG2_MAX", "1") != "0"

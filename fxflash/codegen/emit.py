@@ -60,8 +60,6 @@ class KernelPlan:
     configs: tuple = ()      # (BLOCK_M, BLOCK_N, warps, stages) that fit the kernel, first the
                              # default; timed at the first launch on a GPU (tuning.choose)
     index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
-    float_index_bound: tuple = (0, 0)  # index parts converted to float (Value.parts) are exact
-                                       # while a·max(frame) + b < 2²⁴
     side_dtypes: tuple = ()  # dtypes of the row values stored beside the output (a logsumexp)
     partner_dims: tuple = ()  # head dims of further score contractions
     out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
@@ -73,10 +71,9 @@ class KernelPlan:
     gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
     gluon_refusal: str = ""  # why there is none (explain())
 
-    def indices_exact(self, frame) -> bool:
-        """Do the kernel's int32 index values and their float conversions stay exact for ``frame``?"""
-        return all(a * max(frame) + b < limit for (a, b), limit in
-                   ((self.index_bound, INT32_LIMIT), (self.float_index_bound, FLOAT_EXACT_LIMIT)))
+    def int32_index_ok(self, frame) -> bool:
+        a, b = self.index_bound
+        return a * max(frame) + b < INT32_LIMIT
 
 
 @dataclasses.dataclass
@@ -87,10 +84,7 @@ class Value:
     so a max/min over it is ``c`` times the max/min over ``base`` and ``exp(v − m)`` one
     multiply-add on ``base``. ``row_factor = (f, b)``: the value equals ``f · b`` with ``f`` constant
     along the keys (a scalar or a row vector), so dividing it by a constant costs one operation
-    per row, not per score. ``parts = (a, sign, b)``: an int32 index ``a ± b`` (``j − i``) with ``b``
-    constant along the keys, which a float op reads as ``float(a) ± float(b)`` (FLOAT_OF_PARTS):
-    one float operation per score instead of an integer one and a conversion, the same value
-    while both parts are below 2²⁴ (``KernelPlan.float_index_bound``)."""
+    per row, not per score."""
 
     code: str
     varies_n: bool = False
@@ -98,7 +92,6 @@ class Value:
     bound: tuple | None = None
     scaled: tuple | None = None
     row_factor: tuple | None = None
-    parts: tuple | None = None
 
 
 # Integer ops computed in int32 on index values, with the bound of their result from the
@@ -128,7 +121,6 @@ NARROW_INT_OPS = {
 NARROW_MUL_LIMIT = 1 << 10     # literal factors of a narrowed product
 NARROW_LITERAL_LIMIT = 1 << 24  # literals that join a narrowed value
 INT32_LIMIT = 1 << 31
-FLOAT_EXACT_LIMIT = 1 << 24  # integers an fp32 holds exactly
 
 def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
@@ -150,7 +142,6 @@ class _Printer:
         self.vars: dict = {}
         self.counter = 0
         self.index_bound = (0, 0)
-        self.float_index_bound = (0, 0)
         self.idx_bound = {ROW: (1, 0), COL: (1, 0), DVC: (0, MAX_HEAD_DIM)}
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
@@ -459,8 +450,6 @@ class _Printer:
             raise Unprintable(f"no printer for {node.target}")
         varies = any(a.varies_n for a in args)
         dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else None
-        if dtype is not None and dtype.is_floating_point and p in FLOAT_OF_PARTS and config.split_index_casts:
-            args = [self.float_of_parts(a) if isinstance(a, Value) and a.parts else a for a in args]
         narrowed = [a for a in args if a.bound is not None and not a.is_literal]
         if narrowed:
             bound = self.narrow_bound(node, p, args, dtype)
@@ -468,7 +457,7 @@ class _Printer:
                 code = PRINTERS[p]([a.code for a in args], node)
                 if all(a.is_literal for a in args):
                     return Value(code, is_literal=True, bound=bound)
-                return dataclasses.replace(self.bounded(code, varies, bound), parts=_index_parts(node, p, args))
+                return self.bounded(code, varies, bound)
             if dtype is not None and not dtype.is_floating_point and p not in COMPARISONS:
                 # widen int32-held index values back to int64 before an integer op that may
                 # overflow (comparisons and conversions to float see the same exact value)
@@ -488,13 +477,6 @@ class _Printer:
         if folds and config.fold_scale_add:
             value = dataclasses.replace(value, row_factor=_row_factor(p, args))
         return value
-
-    def float_of_parts(self, x: Value) -> Value:
-        """``float(a ± b)`` as ``float(a) ± float(b)`` (Value.parts); both parts' bounds join
-        the launch-time check that keeps them below 2²⁴."""
-        a, sign, b = x.parts
-        self.float_index_bound = _max_bounds(self.float_index_bound, a.bound, b.bound)
-        return Value(f"({a.code}.to(tl.float32) {sign} {b.code}.to(tl.float32))", x.varies_n)
 
     # -- int32 index arithmetic ------------------------------------------------------------
     def bounded(self, code: str, varies_n: bool, bound: tuple) -> Value:
@@ -620,7 +602,7 @@ class _Printer:
         self.epilogue(terms, out_dtype)
         return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
                           out_dtype, r.D, r.Dv, configs=tuple(configs),
-                          index_bound=self.index_bound, float_index_bound=self.float_index_bound,
+                          index_bound=self.index_bound,
                           side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
                           partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
@@ -1020,27 +1002,6 @@ def _masked(node, args) -> tuple | None:
             base, c = x.scaled
             pair = (fill, base) if x is b else (base, fill)
             return f"tl.where({cond.code}, {pair[0]}, {pair[1]})", c
-    return None
-
-
-# Float ops that read an integer argument as its value converted to float (torch's type
-# promotion), so that ``float(a ± b) = float(a) ± float(b)`` may replace it; not ops that use an
-# integer as an index (a gather from a table).
-FLOAT_OF_PARTS = {aten.mul, aten.add, aten.sub, aten.div, aten._to_copy}
-
-
-def _index_parts(node, p, args: list) -> tuple | None:
-    """Value.parts of an int32 index ``a ± b`` with ``b`` constant along the keys."""
-    if p not in (aten.add, aten.sub) or node.kwargs.get("alpha", 1) != 1 or len(args) != 2:
-        return None
-    if not all(isinstance(x, Value) and x.bound is not None and not x.is_literal for x in args):
-        return None
-    a, b = args
-    sign = "+" if p is aten.add else "-"
-    if a.varies_n and not b.varies_n:
-        return a, sign, b
-    if p is aten.add and b.varies_n and not a.varies_n:
-        return b, sign, a
     return None
 
 

@@ -51,10 +51,9 @@ class RegisteredRegion:
     def run(self, inputs, sizes, scalars, views=None) -> list:
         """``views``: the view chains folded into a direct call (``launch.replay_views``)."""
         frame, shapes, _ = self.split(sizes)
-        if any(s == 0 for s in frame) or any(s == 0 for s in shapes[0]) or not self.plan.indices_exact(frame):
+        if any(s == 0 for s in frame) or any(s == 0 for s in shapes[0]) or not self.plan.int32_index_ok(frame):
             # nothing to tile (eager's semantics for empty sums), or sizes so large that the
-            # kernel's int32 index arithmetic could overflow (or an index converted to float part
-            # by part could round): run the replaced ops as they were
+            # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
             return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
         return self.launcher(inputs, sizes, frame, shapes, views)
 
