@@ -1018,9 +1018,9 @@ def _row_factor(p, args: list) -> tuple | None:
     return None
 
 
-# The factors a bias may be divided by without rounding the scores beyond fp32 (``x + b/c``
-# stays finite wherever ``c·x + b`` is, up to 2²⁴ below FLT_MAX).
-BIAS_FOLD_RANGE = (2.0 ** -24, 2.0 ** 24)
+# The scales ``c`` a bias may be divided by: ``b/c`` overflows only where ``|b| > c·FLT_MAX``,
+# within 2⁸ of where the scores themselves would (the exp2 form's own limit, rules.HOMOMORPHISMS).
+BIAS_FOLD_RANGE = (2.0 ** -8, 2.0 ** 24)
 
 
 def _plus(node, args, sign: str) -> tuple | None:

@@ -109,7 +109,8 @@ def _label(tile: Tile) -> str:
 def describe(tile: Tile) -> str:
     if tile[0] == "gluon":  # gluon.GLUON_CONFIGS
         t = gluon_tile(tile)
-        return (f"Gluon: {t.consumers} consumer warp group{'s' if t.consumers > 1 else ''} × 64 rows, {t.block_n}-key tiles, {t.nbuf} K/V buffers"
+        groups = f"{t.consumers} consumer warp group{'s' if t.consumers > 1 else ''}"
+        return (f"Gluon: {groups} × 64 rows, {t.block_n}-key tiles, {t.nbuf} K/V buffers"
                 + (", ping-pong" if t.pingpong else "") + (f", {t.ctas} CTAs per SM" if t.ctas > 1 else ""))
     bm, bn, warps, stages = tile
     return f"{bm}×{bn} tiles, {warps} warps, {stages} stages"

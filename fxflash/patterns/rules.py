@@ -69,8 +69,9 @@ HOMOMORPHISMS = {
 # (codegen's Value.scaled), and how: "times" (``x · c`` or ``c · x``, c a positive literal),
 # "over" (``x / c``), "same" (a float cast: the kernel holds every float in fp32), "masked"
 # (``where(m, -inf, c·x) = c·where(m, -inf, x)``), "plus"/"minus" (a bias whose factor ``f`` is
-# constant along the keys, Value.row_factor, takes ``1/c`` per row: ``c·(x ± (f/c)·b)``). Then ``max(c·x) = c·max(x)`` (rounding is
-# monotone: the same value for one multiply, within an ulp for a product of constants) and ``exp(c·x − m) = 2^(x·(c·log₂e) − m·log₂e)``: the score scale
+# constant along the keys, Value.row_factor, takes ``1/c`` per row: ``c·(x ± (f/c)·b)``). Then
+# ``max(c·x) = c·max(x)`` (rounding is monotone: the same value for one multiply, within an ulp
+# for a product of constants) and ``exp(c·x − m) = 2^(x·(c·log₂e) − m·log₂e)``: the score scale
 # costs nothing per score.
 POSITIVE_SCALE = {
     aten.mul: "times",
