@@ -1,15 +1,17 @@
 """Host time per call of an optimized softmax-suite variant, and where it goes.
 
-    PYTHONPATH=. python benchmarks/host_profile.py --variant sliding_window [--gqa] [--calls 2000]
+    PYTHONPATH=. python benchmarks/host_profile.py --variant sliding_window [--gqa] [--calls 2000] [--gluon]
 
 The problem is tiny (B=1, 16 heads, 128 tokens), so the GPU finishes each kernel long before
 the host issues the next: wall time over calls is the host time per call. Prints it for the
 optimized call (with and without bound launches: launch.Launcher) and eager, then the top of a
-cProfile of the optimized calls.
+cProfile of the optimized calls. ``--gluon`` pins the region to its first Gluon configuration
+(Hopper only; a Gluon launch is never bound, so both optimized numbers go through its JIT).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import pstats
@@ -20,6 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
+from fxflash.codegen import tuning  # noqa: E402
+from fxflash.codegen.gluon import GLUON_CONFIGS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import case  # noqa: E402
@@ -41,10 +45,16 @@ def main():
     parser.add_argument("--variant", default="vanilla")
     parser.add_argument("--gqa", action="store_true")
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--gluon", action="store_true", help="run the Gluon kernel (first configuration)")
     opts = parser.parse_args()
+    with tuning.pinned(GLUON_CONFIGS[64][0]) if opts.gluon else contextlib.nullcontext():
+        measure(opts)
+
+
+def measure(opts) -> None:
     fn, args = case(opts.variant, 1, 16, 2 if opts.gqa else 16, 128, 64, "cuda", torch.bfloat16)[:2]
     fast = fxflash.optimize(fn)
-    label = opts.variant + (" (GQA)" if opts.gqa else "")
+    label = opts.variant + (" (GQA)" if opts.gqa else "") + (" (Gluon kernel)" if opts.gluon else "")
     fxflash.config.bind_launches = False
     unbound = per_call_us(fast, args, opts.calls)
     fxflash.config.bind_launches = True
