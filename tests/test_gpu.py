@@ -263,6 +263,26 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
+def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(monkeypatch):
+    """The second call of a layout whose tile is a Gluon configuration is a BoundGluonLaunch
+    (no tuner lookup, no launch checks) and gives the first call's result bit for bit."""
+    from fxflash.codegen import launch
+    from fxflash.codegen.op import _REGISTRY
+
+    monkeypatch.setattr(fxflash.config, "bind_gluon_launches", True)
+    monkeypatch.setattr(launch, "tile_for", lambda plan, inputs, frame, run: GLUON_CONFIGS[64][0])
+    variant = VARIANTS["causal"]
+    args = variant.inputs(GLUON_SHAPES[64], torch.bfloat16, "cuda")
+    fast = fxflash.optimize(variant.fn)
+    first = fast(*args)
+    launcher = list(_REGISTRY.values())[-1].launcher
+    assert [type(b) for b in launcher.bound.values()] == [launch.BoundGluonLaunch]
+    torch.testing.assert_close(fast(*args), first, rtol=0, atol=0, equal_nan=True)
+    assert_accurate(variant.fn, args, first)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal", "document_mask",
                                   "key_lengths"])
 def test_gluon_kernel_with_folded_full_tiles_on_gpu(name, monkeypatch):

@@ -165,6 +165,19 @@ class BoundLaunch:
         self.runner(*args)
 
 
+class BoundGluonLaunch:
+    """A Gluon launch remembered for one layout key (``Launcher``): the configuration the tuner
+    kept for it, checked by ``launch_refusal`` at its first launch, so later calls skip the
+    tuner's lookup and the checks (everything they read is in the key). The kernel itself still
+    goes through Gluon's JIT entry point, which builds the TMA descriptors' launch arguments."""
+
+    def __init__(self, launcher, tile, frame, views):
+        self.launcher, self.tile, self.frame, self.views = launcher, tile, frame, views
+
+    def launch(self, out, inputs, sides) -> None:
+        self.launcher.launch_gluon(self.tile, replay_views(inputs, self.views), self.frame, out, sides)
+
+
 class Launcher:
     """Launches one generated kernel.
 
@@ -174,8 +187,8 @@ class Launcher:
     steps read is the layout key: the region's sizes, each input's shape, strides, dtype and
     device, every pointer's 16-byte alignment, the current CUDA device and ``tuning.state()``
     (tile summaries, computed at each launch, come from PyTorch's caching allocator: aligned).
-    The launch is remembered under it (``BoundLaunch``), and later calls with the same key
-    skip the JIT's per-call work. Nothing is bound with ``config.bind_launches`` off, in the
+    The launch is remembered under it (``BoundLaunch``; ``BoundGluonLaunch`` for the Gluon
+    kernel), and later calls with the same key skip the JIT's per-call work. Nothing is bound with ``config.bind_launches`` off, in the
     interpreter, while a tile is pinned, or while a CUDA graph is captured with the tile not
     yet chosen."""
 
@@ -197,6 +210,11 @@ class Launcher:
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
             raise ValueError(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
+        self.launch_gluon(tile, inputs, frame, out, sides)
+
+    def launch_gluon(self, tile, inputs, frame, out, sides) -> None:
+        """Launch the Gluon kernel with ``tile``, checked by ``run_gluon`` for this layout."""
+        gplan = self.plan.gluon
         values = LaunchValues(inputs, frame, out, sides, tile_summaries(gplan, inputs, tile[2]))
         with _launching():
             gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out, _kernel_args(gplan.args, values))
@@ -213,7 +231,7 @@ class Launcher:
         if bound is not None:
             bound.launch(out, inputs, sides)
         else:
-            self.first_launch(key, replay_views(inputs, views), frame, out, sides)
+            self.first_launch(key, replay_views(inputs, views), frame, out, sides, views)
         return [out, *sides]
 
     @staticmethod
@@ -229,7 +247,7 @@ class Launcher:
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
-    def first_launch(self, key, inputs, frame, out, sides) -> None:
+    def first_launch(self, key, inputs, frame, out, sides, views=None) -> None:
         plan, kernel = self.plan, self.kernel
         batch = math.prod(frame[:-2])
         dims = block_dims_of(plan)
@@ -247,12 +265,16 @@ class Launcher:
 
         tile = tile_for(plan, inputs, frame, run)
         run(tile)
-        if key is not None and not is_gluon_tile(tile) and not torch.cuda.is_current_stream_capturing():
+        if key is None or torch.cuda.is_current_stream_capturing():
+            return
+        if is_gluon_tile(tile):
+            bound = BoundGluonLaunch(self, tile, frame, views) if config.bind_gluon_launches else None
+        else:
             bound = self.bind(*launched[tile], {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
-            if bound is not None:
-                if len(self.bound) >= self.CAPACITY:
-                    self.bound.clear()
-                self.bound[key] = bound
+        if bound is not None:
+            if len(self.bound) >= self.CAPACITY:
+                self.bound.clear()
+            self.bound[key] = bound
 
     def bind(self, compiled, grid, args: list, constexprs: dict) -> BoundLaunch | None:
         """The launch just made, as a BoundLaunch; None where Triton's objects do not have the

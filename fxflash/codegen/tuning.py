@@ -182,9 +182,10 @@ def pinned_tile() -> Tile | None:
 
 
 def state() -> tuple:
-    """What a remembered choice depends on besides its key: ``forget()`` calls so far and
-    whether tuning is on (launch.Launcher keys its bound launches on it)."""
-    return (_epoch, config.autotune)
+    """What a remembered choice depends on besides its key: ``forget()`` calls so far, whether
+    tuning is on and whether the Gluon kernel is offered (launch.Launcher keys its bound launches
+    on it)."""
+    return (_epoch, config.autotune, config.gluon)
 
 
 class CudaClock:
