@@ -66,19 +66,13 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
     return [tile for tile in GLUON_CONFIGS[gplan.d] if launch_refusal(gplan, inputs, frame, tile) is None]
 
 
-@functools.lru_cache(maxsize=None)
-def _shared_layout(block: tuple, dtype: torch.dtype):
-    """The shared-memory layout of a TMA block (built once: ~12 µs of host time each)."""
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(list(block), {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype])
-
-
 def _descriptor(t: torch.Tensor, block: list):
+    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows = t.as_strided((_rows_total(t), t.shape[-1]), (t.stride(-2), 1))
-    return TensorDescriptor.from_tensor(rows, block, _shared_layout(tuple(block), t.dtype))
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    return TensorDescriptor.from_tensor(rows, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list) -> None:
