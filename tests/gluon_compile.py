@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from fxflash.codegen import gluon_launch
 from fxflash.codegen.cache import load_kernel
 from fxflash.codegen.gluon import emit_gluon, refusal, register_budget
 from fxflash.variants import VARIANTS, Shape
@@ -26,7 +27,6 @@ from helpers import analysed
 
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
          torch.int32: "i32", torch.bool: "i1"}
-CONSTEXPRS = ("CONSUMERS", "NBUF", "CONSUMER_REGS", "PINGPONG", "ROWS_P2")
 
 
 def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1):
@@ -49,10 +49,12 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1):
     for spec, arg in zip(plan.args, kernel.arg_names[4:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
+    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas)
     maxnreg, regs = register_budget(consumers, ctas)
-    constexprs = dict(zip(CONSTEXPRS, (consumers, nbuf, regs, bool(pingpong), triton.next_power_of_2(64 * consumers))))
+    constexprs = gluon_launch.constexprs(tile)  # the kernel's last arguments, in order (BoundGluonLaunch)
+    assert list(kernel.arg_names[-len(constexprs):]) == list(constexprs), kernel.arg_names
     signature = {n: runtime.get(n, "constexpr") for n in kernel.arg_names}
-    assert set(signature) - set(runtime) == set(CONSTEXPRS), signature
+    assert set(signature) - set(runtime) == set(constexprs), signature
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes, {regs} registers per "

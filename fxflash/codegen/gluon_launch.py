@@ -75,15 +75,32 @@ def _descriptor(t: torch.Tensor, block: list):
     return TensorDescriptor.from_tensor(rows, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list) -> None:
-    """Launch ``kernel`` (gplan's module's kernel) with configuration ``tile``; ``args``: the
-    values of ``gplan.args`` for this launch."""
-    t = gluon_tile(tile)
+def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
+    """The TMA descriptors of Q, K and V for configuration ``tile``: the kernel's first arguments."""
+    block_n = gluon_tile(tile).block_n
     q, k, v = (inputs[i] for i in gplan.operands)
-    descs = (_descriptor(q, [ROWS_PER_CONSUMER, gplan.d]), _descriptor(k, [t.block_n, gplan.d]),
-             _descriptor(v, [t.block_n, gplan.d]))
+    return (_descriptor(q, [ROWS_PER_CONSUMER, gplan.d]), _descriptor(k, [block_n, gplan.d]),
+            _descriptor(v, [block_n, gplan.d]))
+
+
+def constexprs(tile) -> dict:
+    """The kernel's compile-time arguments (its last ones) for configuration ``tile``."""
+    t = gluon_tile(tile)
     rows = t.consumers * ROWS_PER_CONSUMER
-    maxnreg, regs = register_budget(t.consumers, t.ctas)
-    grid = (triton.cdiv(frame[-2], rows) * math.prod(frame[:-2]),)
-    kernel[grid](*descs, out, *args, CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=regs,
-                 PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows), num_warps=4, maxnreg=maxnreg)
+    return dict(CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=register_budget(t.consumers, t.ctas)[1],
+                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows))
+
+
+def grid(tile, frame) -> tuple:
+    """One CTA per (batch indices, block of CONSUMERS·64 rows)."""
+    return (triton.cdiv(frame[-2], gluon_tile(tile).consumers * ROWS_PER_CONSUMER) * math.prod(frame[:-2]),)
+
+
+def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list):
+    """Launch ``kernel`` (gplan's module's kernel) with configuration ``tile``; ``args``: the
+    values of ``gplan.args`` for this launch. Returns what Triton's JIT returns: the compiled
+    kernel (launch.BoundGluonLaunch calls it directly)."""
+    t = gluon_tile(tile)
+    maxnreg, _ = register_budget(t.consumers, t.ctas)
+    return kernel[grid(tile, frame)](*descriptors(gplan, tile, inputs), out, *args, **constexprs(tile),
+                                     num_warps=4, maxnreg=maxnreg)

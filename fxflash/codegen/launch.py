@@ -167,15 +167,32 @@ class BoundLaunch:
 
 class BoundGluonLaunch:
     """A Gluon launch remembered for one layout key (``Launcher``): the configuration the tuner
-    kept for it, checked by ``launch_refusal`` at its first launch, so later calls skip the
-    tuner's lookup and the checks (everything they read is in the key). The kernel itself still
-    goes through Gluon's JIT entry point, which builds the TMA descriptors' launch arguments."""
+    kept, checked by ``launch_refusal`` at the layout's first launch (everything the checks read
+    is in the key), and the compiled kernel Gluon's JIT returned then, called directly with new
+    TMA descriptors (Triton's launcher turns them into tensor maps), as ``BoundLaunch`` does."""
 
-    def __init__(self, launcher, tile, frame, views):
-        self.launcher, self.tile, self.frame, self.views = launcher, tile, frame, views
+    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list):
+        self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
+        self.runner = runner  # the compiled kernel indexed by its grid
+        self.tail = tail      # the compile-time arguments, in the kernel's order
+
+    @classmethod
+    def of(cls, launcher, tile, frame, views, compiled) -> BoundGluonLaunch | None:
+        """The launch just made, or None where Triton's objects do not have the expected form."""
+        names = getattr(launcher.gluon_kernel, "arg_names", None)
+        consts = gluon_launch.constexprs(tile)
+        runtime = 4 + len(launcher.plan.gluon.args)  # the Q/K/V descriptors, out_ptr, plan.args
+        if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
+            return None
+        grid = gluon_launch.grid(tile, frame)
+        return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()))
 
     def launch(self, out, inputs, sides) -> None:
-        self.launcher.launch_gluon(self.tile, replay_views(inputs, self.views), self.frame, out, sides)
+        gplan = self.plan.gluon
+        inputs = replay_views(inputs, self.views)
+        values = LaunchValues(inputs, self.frame, out, sides, tile_summaries(gplan, inputs, self.tile[2]))
+        self.runner(*gluon_launch.descriptors(gplan, self.tile, inputs), out, *_kernel_args(gplan.args, values),
+                    *self.tail)
 
 
 class Launcher:
@@ -204,20 +221,18 @@ class Launcher:
         """The plan's Gluon kernel, loaded at its first launch (Gluon is imported on GPUs only)."""
         return load_kernel(self.plan.gluon.source, self.plan.gluon.name)
 
-    def run_gluon(self, tile, inputs, frame, out, sides) -> None:
-        """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned)."""
+    def run_gluon(self, tile, inputs, frame, out, sides):
+        """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned);
+        returns Triton's compiled kernel."""
         gplan = self.plan.gluon
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
             raise ValueError(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
-        self.launch_gluon(tile, inputs, frame, out, sides)
-
-    def launch_gluon(self, tile, inputs, frame, out, sides) -> None:
-        """Launch the Gluon kernel with ``tile``, checked by ``run_gluon`` for this layout."""
         gplan = self.plan.gluon
         values = LaunchValues(inputs, frame, out, sides, tile_summaries(gplan, inputs, tile[2]))
         with _launching():
-            gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out, _kernel_args(gplan.args, values))
+            return gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out,
+                                       _kernel_args(gplan.args, values))
 
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
@@ -255,7 +270,8 @@ class Launcher:
 
         def run(tile):
             if is_gluon_tile(tile):
-                return self.run_gluon(tile, inputs, frame, out, sides)
+                launched[tile] = self.run_gluon(tile, inputs, frame, out, sides)
+                return
             bm, bn, warps, stages = tile
             grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
             args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides, tile_summaries(plan, inputs, bn)))
@@ -268,7 +284,7 @@ class Launcher:
         if key is None or torch.cuda.is_current_stream_capturing():
             return
         if is_gluon_tile(tile):
-            bound = BoundGluonLaunch(self, tile, frame, views) if config.bind_gluon_launches else None
+            bound = BoundGluonLaunch.of(self, tile, frame, views, launched[tile]) if config.bind_gluon_launches else None
         else:
             bound = self.bind(*launched[tile], {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
         if bound is not None:
