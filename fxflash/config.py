@@ -71,8 +71,8 @@ class Config:
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
                      the JIT (for A/B measurements, or a Triton whose launcher differs).
     bind_gluon_launches: remember a Gluon launch per layout too (launch.BoundGluonLaunch: no
-                     tuner lookup or launch checks after the first call). Off by default until it
-                     has run on a GPU (written without one); ``FXFLASH_BIND_GLUON_LAUNCHES=1``.
+                     tuner lookup, launch checks or JIT entry after the first call). Off by default
+                     until it has run on a GPU (written without one); ``FXFLASH_BIND_GLUON_LAUNCHES=1``.
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
