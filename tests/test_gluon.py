@@ -146,3 +146,25 @@ def test_every_configuration_fits_its_share_of_an_sm():
             assert t.ctas * maxnreg * (4 * t.consumers + 4) * 32 <= 65536, tile
             assert 160 <= regs <= 256 and regs * t.consumers * 128 + LOADER_REGS * 128 <= maxnreg * (4 * t.consumers + 4) * 32
             assert t.ctas * shared_bytes(tile, d) <= SHARED_BYTES, tile
+
+
+@needs_gluon
+def test_tma_descriptors_read_each_operand_as_one_row_matrix():
+    """Q, K and V as [rows, D] matrices with a consumer's rows (Q) or a key tile (K, V) per TMA
+    block; layouts built once (a remembered launch's) give the same descriptors."""
+    from fxflash.codegen import gluon_launch
+    from fxflash.codegen.op import _REGISTRY
+
+    args = VARIANTS["gqa_expand"].inputs(SHAPE, torch.bfloat16)
+    fxflash.optimize(VARIANTS["gqa_expand"].fn)(*args)
+    gplan = list(_REGISTRY.values())[-1].plan.gluon
+    tile = ("gluon", 1, 64, 3, 0, 2)
+    inputs = list(args)
+    fresh = gluon_launch.descriptors(gplan, tile, inputs)
+    cached = gluon_launch.descriptors(gplan, tile, inputs, gluon_launch.shared_layouts(gplan, tile, inputs))
+    assert [list(d.shape) for d in fresh] == [[2 * 4 * 40, 64], [2 * 2 * 48, 64], [2 * 2 * 48, 64]]  # K, V: Hkv heads
+    assert [d.block_shape for d in fresh] == [[64, 64], [64, 64], [64, 64]]
+    assert all(a.layout == b.layout and a.shape == b.shape and a.base.data_ptr() == b.base.data_ptr()
+               for a, b in zip(fresh, cached))
+    assert gluon_launch.grid(tile, [2, 4, 40, 64]) == (8,)
+    assert gluon_launch.constexprs(tile)["CONSUMERS"] == 1

@@ -66,21 +66,34 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
     return [tile for tile in GLUON_CONFIGS[gplan.d] if launch_refusal(gplan, inputs, frame, tile) is None]
 
 
-def _descriptor(t: torch.Tensor, block: list):
+def _blocks(gplan: GluonPlan, tile) -> tuple:
+    """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V."""
+    block_n = gluon_tile(tile).block_n
+    return [ROWS_PER_CONSUMER, gplan.d], [block_n, gplan.d], [block_n, gplan.d]
+
+
+def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
+    """The shared-memory layouts of Q's, K's and V's TMA blocks (~12 µs of host time each to
+    build; launch.BoundGluonLaunch builds them once)."""
     from triton.experimental.gluon import language as gl
+
+    dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    return tuple(gl.NVMMASharedLayout.get_default_for(block, dtypes[inputs[i].dtype])
+                 for i, block in zip(gplan.operands, _blocks(gplan, tile)))
+
+
+def descriptors(gplan: GluonPlan, tile, inputs: list, layouts: tuple | None = None) -> tuple:
+    """The TMA descriptors of Q, K and V for configuration ``tile`` (the kernel's first
+    arguments), each operand read as its ``[rows, D]`` matrix."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    rows = t.as_strided((_rows_total(t), t.shape[-1]), (t.stride(-2), 1))
-    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
-    return TensorDescriptor.from_tensor(rows, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
-
-
-def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
-    """The TMA descriptors of Q, K and V for configuration ``tile``: the kernel's first arguments."""
-    block_n = gluon_tile(tile).block_n
-    q, k, v = (inputs[i] for i in gplan.operands)
-    return (_descriptor(q, [ROWS_PER_CONSUMER, gplan.d]), _descriptor(k, [block_n, gplan.d]),
-            _descriptor(v, [block_n, gplan.d]))
+    layouts = layouts or shared_layouts(gplan, tile, inputs)
+    descs = []
+    for i, block, layout in zip(gplan.operands, _blocks(gplan, tile), layouts):
+        t = inputs[i]
+        rows = t.as_strided((_rows_total(t), t.shape[-1]), (t.stride(-2), 1))
+        descs.append(TensorDescriptor.from_tensor(rows, block, layout))
+    return tuple(descs)
 
 
 def constexprs(tile) -> dict:

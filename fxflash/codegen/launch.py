@@ -171,13 +171,14 @@ class BoundGluonLaunch:
     is in the key), and the compiled kernel Gluon's JIT returned then, called directly with new
     TMA descriptors (Triton's launcher turns them into tensor maps), as ``BoundLaunch`` does."""
 
-    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list):
+    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, layouts: tuple):
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
-        self.runner = runner  # the compiled kernel indexed by its grid
-        self.tail = tail      # the compile-time arguments, in the kernel's order
+        self.runner = runner    # the compiled kernel indexed by its grid
+        self.tail = tail        # the compile-time arguments, in the kernel's order
+        self.layouts = layouts  # the TMA blocks' shared-memory layouts (gluon_launch.shared_layouts)
 
     @classmethod
-    def of(cls, launcher, tile, frame, views, compiled) -> BoundGluonLaunch | None:
+    def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
         """The launch just made, or None where Triton's objects do not have the expected form."""
         names = getattr(launcher.gluon_kernel, "arg_names", None)
         consts = gluon_launch.constexprs(tile)
@@ -185,14 +186,15 @@ class BoundGluonLaunch:
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
             return None
         grid = gluon_launch.grid(tile, frame)
-        return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()))
+        return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
+                   gluon_launch.shared_layouts(launcher.plan.gluon, tile, inputs))
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
         inputs = replay_views(inputs, self.views)
         values = LaunchValues(inputs, self.frame, out, sides, tile_summaries(gplan, inputs, self.tile[2]))
-        self.runner(*gluon_launch.descriptors(gplan, self.tile, inputs), out, *_kernel_args(gplan.args, values),
-                    *self.tail)
+        self.runner(*gluon_launch.descriptors(gplan, self.tile, inputs, self.layouts), out,
+                    *_kernel_args(gplan.args, values), *self.tail)
 
 
 class Launcher:
@@ -284,7 +286,8 @@ class Launcher:
         if key is None or torch.cuda.is_current_stream_capturing():
             return
         if is_gluon_tile(tile):
-            bound = BoundGluonLaunch.of(self, tile, frame, views, launched[tile]) if config.bind_gluon_launches else None
+            bound = (BoundGluonLaunch.of(self, tile, frame, views, inputs, launched[tile])
+                     if config.bind_gluon_launches else None)
         else:
             bound = self.bind(*launched[tile], {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
         if bound is not None:
