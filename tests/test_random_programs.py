@@ -3,8 +3,8 @@
 A program is drawn as a plain spec and turned into ordinary PyTorch code: a layout
 (``[B, H, S, D]`` or ``[B, S, H, D]`` transposed inside), a GQA ratio, sizes including 1 and
 sizes that are not multiples of the 16-wide interpreter tile, a score DAG of supported ops
-(scales, tensor biases with random broadcasting, tanh soft-capping, index-expression masks,
-boolean tensor masks), a normalization (softmax, a hand-written stable softmax, quiet
+(scales, tensor biases with random broadcasting, ALiBi-style distance biases, tanh
+soft-capping, index-expression masks, boolean tensor masks), a normalization (softmax, a hand-written stable softmax, quiet
 softmax, sigmoid, ReLU / N, a row-sum normalization), optional strided inputs and an
 optional gated or transposed epilogue. Every program is checked against a float64
 reference within eager's own error (helpers.assert_accurate), whatever fxflash decided.
@@ -31,6 +31,7 @@ SCORE_OPS = st.lists(
     st.one_of(
         st.tuples(st.just("scale"), st.sampled_from([0.5, -1.0, 0.125, 2.0])),
         st.tuples(st.just("bias"), BROADCASTS),
+        st.tuples(st.just("distance_bias"), st.sampled_from([0.25, -0.5])),  # ALiBi's slope·(j − i)
         st.tuples(st.just("softcap"), st.sampled_from([5.0, 30.0])),
         st.tuples(st.just("index_mask"), st.sampled_from(["causal", "window", "prefix", "band"]), st.integers(0, 6)),
         st.tuples(st.just("tensor_mask"), BROADCASTS),
@@ -132,6 +133,9 @@ def make_program(spec):
                 s = s * op[1]
             elif op[0] == "bias":
                 s = s + extra.pop(0)
+            elif op[0] == "distance_bias":
+                j, i = torch.arange(s.size(-1), device=s.device), torch.arange(s.size(-2), device=s.device)
+                s = s + (op[1] * (j[None, :] - i[:, None])).to(s.dtype)
             elif op[0] == "softcap":
                 s = op[1] * torch.tanh(s / op[1])
             elif op[0] == "index_mask":
