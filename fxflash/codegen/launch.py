@@ -207,7 +207,8 @@ class Launcher:
     device, every pointer's 16-byte alignment, the current CUDA device and ``tuning.state()``
     (tile summaries, computed at each launch, come from PyTorch's caching allocator: aligned).
     The launch is remembered under it (``BoundLaunch``; ``BoundGluonLaunch`` for the Gluon
-    kernel), and later calls with the same key skip the JIT's per-call work. Nothing is bound with ``config.bind_launches`` off, in the
+    kernel, with ``config.bind_gluon_launches``), and later calls with the same key skip the
+    JIT's per-call work. Nothing is bound with ``config.bind_launches`` off, in the
     interpreter, while a tile is pinned, or while a CUDA graph is captured with the tile not
     yet chosen."""
 
@@ -230,7 +231,6 @@ class Launcher:
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
             raise ValueError(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
-        gplan = self.plan.gluon
         values = LaunchValues(inputs, frame, out, sides, tile_summaries(gplan, inputs, tile[2]))
         with _launching():
             return gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out,
