@@ -286,15 +286,19 @@ def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(monkeypa
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal", "document_mask",
                                   "key_lengths"])
 def test_gluon_kernel_with_folded_full_tiles_on_gpu(name, monkeypatch):
-    """``config.gluon_full_tiles``: the masks folded on full tiles keep eager's accuracy."""
+    """``config.gluon_full_tiles``: on (the default) the masks are folded on full tiles
+    (``_score_full``, whose accuracy test_generated_gluon_kernel_on_gpu checks); off, every
+    visited tile evaluates them and keeps eager's accuracy too."""
     from fxflash.codegen import tuning
     from fxflash.config import config
 
-    monkeypatch.setattr(config, "gluon_full_tiles", True)
     variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[64], torch.bfloat16, "cuda")
     (region,) = fxflash.explain(variant.fn, *args).regions
     assert "def _score_full(" in region.gluon_source, region.steps
+    monkeypatch.setattr(config, "gluon_full_tiles", False)
+    (region,) = fxflash.explain(variant.fn, *args).regions
+    assert "def _score_full(" not in region.gluon_source
     fast = fxflash.optimize(variant.fn)
     for tile in GLUON_CONFIGS[64]:
         with tuning.pinned(tile):

@@ -147,11 +147,11 @@ def softmax_of(r: Region) -> Softmax | str:
     e = sm.source
     hom = HOMOMORPHISMS.get(packet(e.target)) if _is_call(e) else None
     if hom is None or r.rescales.get(mx.node) is not hom:
-        return "its sum is not over exp/exp2 of the scores minus their maximum"
+        return NOT_EXP_OF_SHIFT
     shift = e.args[0]
     if (mx.factors or sm.factors or sm.scale is not mx.node or not _is_call(shift) or packet(shift.target) is not aten.sub
             or shift.args[0] is not mx.source or shift.args[1] is not mx.node):
-        return "its sum is not over exp/exp2 of the scores minus their maximum"
+        return NOT_EXP_OF_SHIFT
     (sign, p, form), *more = r.terms
     casts = []  # P = E / Σ E, then cast to a float dtype (bf16 softmax: computed in fp32, cast back)
     while p not in r.passthrough and _is_float_cast(p):
