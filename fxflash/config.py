@@ -71,8 +71,10 @@ class Config:
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
                      the JIT (for A/B measurements, or a Triton whose launcher differs).
     bind_gluon_launches: remember a Gluon launch per layout too (launch.BoundGluonLaunch: no
-                     tuner lookup, launch checks or JIT entry after the first call). Off by default
-                     until it has run on a GPU (written without one); ``FXFLASH_BIND_GLUON_LAUNCHES=1``.
+                     tuner lookup, launch checks or JIT entry after the first call): 141–149 µs of
+                     host time per call instead of 198–292 on an H200 (benchmarks/NOTES.md);
+                     ``FXFLASH_BIND_GLUON_LAUNCHES=0`` sends every Gluon launch through the checks
+                     and Gluon's JIT.
     """
 
     cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
@@ -90,7 +92,7 @@ class Config:
     gluon: bool = os.environ.get("FXFLASH_GLUON", "1") != "0"
     gluon_full_tiles: bool = os.environ.get("FXFLASH_GLUON_FULL_TILES", "1") != "0"
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
-    bind_gluon_launches: bool = os.environ.get("FXFLASH_BIND_GLUON_LAUNCHES", "0") != "0"
+    bind_gluon_launches: bool = os.environ.get("FXFLASH_BIND_GLUON_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )
