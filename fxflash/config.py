@@ -41,6 +41,10 @@ class Config:
     fold_scale_add:  with fold_scale, carry the factor past an added bias too, ``c·x + f·b =
                      c·(x + (f/c)·b)`` with ``f`` constant along the keys (ALiBi's slope), one
                      multiply-add per score; ``FXFLASH_FOLD_SCALE_ADD=0`` multiplies (for A/B).
+    row_reciprocal:  divide a softmax's output by its row sum as one reciprocal per row and one
+                     multiply per element (Region.unit_bounded_sums: sums ≥ 1, so ``1/s`` cannot
+                     overflow) instead of a division per element; ``FXFLASH_ROW_RECIPROCAL=0``
+                     divides (for A/B measurements).
     heavy_rows_first: give the row tiles to programs last tile first, so that under a mask that
                      lets later queries see more keys (causal, prefix-LM) the longest programs
                      start first and the short ones fill the last wave; ``FXFLASH_HEAVY_ROWS_FIRST=0``
@@ -85,6 +89,7 @@ class Config:
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"
     fold_scale: bool = os.environ.get("FXFLASH_FOLD_SCALE", "1") != "0"
     fold_scale_add: bool = os.environ.get("FXFLASH_FOLD_SCALE_ADD", "1") != "0"
+    row_reciprocal: bool = os.environ.get("FXFLASH_ROW_RECIPROCAL", "1") != "0"
     heavy_rows_first: bool = os.environ.get("FXFLASH_HEAVY_ROWS_FIRST", "1") != "0"
     exp2_fma: bool = os.environ.get("FXFLASH_EXP2_FMA", "1") != "0"
     log2_max: bool = os.environ.get("FXFLASH_LOG2_MAX", "1") != "0"

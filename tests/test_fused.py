@@ -568,3 +568,40 @@ def test_the_epilogues_inputs_are_loaded_before_the_key_loop(prefetch, monkeypat
     gate_loads = [i for i in range(len(source)) if source.startswith("tl.load(in5_ptr", i)]
     assert gate_loads and all((i < loop) == prefetch for i in gate_loads)
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+def _weighted_softmax(q, k, v, w):
+    """``e·w / Σ e·w`` with a positive weight per key: the sum's largest term need not be 1."""
+    s = q @ k.transpose(-2, -1)
+    e = (s - s.amax(-1, keepdim=True)).exp() * w
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+@pytest.mark.parametrize("reciprocal", [True, False])
+def test_a_softmax_denominator_is_applied_as_one_reciprocal_per_row(reciprocal, monkeypatch):
+    """``O / l`` with ``l = Σ E(x − m)`` against the running maximum of x itself (l ≥ 1,
+    Region.unit_bounded_sums) is printed ``O·(1/l)``: one reciprocal per row, one multiply per
+    element, and no NaN select of its own (l is NaN on a row whose every score is -inf); a sum
+    whose terms are weighted keeps its division and select (config.row_reciprocal off: every
+    sum does). Rows eager computes as NaN stay NaN; differential attention's two streams each
+    take their own reciprocal."""
+    monkeypatch.setattr(fxflash.config, "row_reciprocal", reciprocal)
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    mask = torch.ones(2, 1, 19, 37, dtype=torch.bool)
+    mask[:, :, 3] = False
+    weight = torch.rand(37) + 0.5
+    diff = VARIANTS["diff_attention"]
+    diff_args = diff.inputs(SHAPES["odd"], torch.float32)
+    cases = [(VARIANTS["vanilla"].fn, (q, k, v, mask), 1), (diff.fn, diff_args, 2),
+             (_weighted_softmax, (q, k, v, weight), 0)]
+    for fn, args, reciprocals in cases:
+        region = fxflash.explain(fn, *args).regions[0]
+        assert region.fused
+        source = region.source
+        assert source.count("* (1.0 / ") == (reciprocals if reciprocal else 0)
+        selects_on_acc = len(re.findall(r"tl\.where\(nanrow_\w+, float\('nan'\), acc\d", source))
+        assert selects_on_acc == (0 if reciprocal and reciprocals else max(reciprocals, 1))
+        out = fxflash.optimize(fn)(*args)
+        ref = fn(*args)
+        assert torch.equal(torch.isnan(out), torch.isnan(ref))
+        assert_accurate(fn, args, out)

@@ -813,16 +813,30 @@ class _Printer:
         is -inf."""
         x = self.sfx(stream)
         vars_ = self.vars_of[stream if stream in self.vars_of else None]
+        reciprocal = self.reciprocal_rows()
         out = acc
-        if scale is not None and not any(f.op == "shift" for f in factors):
+        nan_from_factor = any(f.op == "shift" or (f.op == "div" and reciprocal.get(f.row) is scale) for f in factors)
+        if scale is not None and not nan_from_factor:
             out = f"tl.where(nanrow_{scale.name}{x}, float('nan'), {out})"
         for f in factors:
             row = vars_[f.row].code if f.row in vars_ else self.arg(f.row, self.node_idx(f.row)).code
             if f.op == "shift":
                 out = f"({out} * {f.hom.rescale.format(old=f'mu_{f.max.name}{x}', new=row)})"
+            elif f.op == "div" and f.row in reciprocal:
+                out = f"({out} * (1.0 / {row}))"
             else:
                 out = f"({out} {'*' if f.op == 'mul' else '/'} {row})"
         return out
+
+    def reciprocal_rows(self) -> dict:
+        """``{sum: its max}`` for the row sums divided out as one reciprocal per row and one multiply
+        per element (Region.unit_bounded_sums, ``config.row_reciprocal``). The finished sum is NaN
+        where its maximum's row is all -inf, so a value computed against that same maximum needs
+        no NaN select of its own."""
+        if not config.row_reciprocal:
+            return {}
+        scales = {red.node: red.scale for red in self.r.reductions}
+        return {node: scales[node] for node in self.r.unit_bounded_sums}
 
     def tile_range(self) -> list[str]:
         """Lines that classify this row tile's key tiles, SCAN of them at a time (vectors: no

@@ -22,8 +22,9 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x = c·x'`` the
 score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
 ``m₂ = max(x')·k``, ``p = 2^(x'·k − m₂)`` with ``k = c·log₂e`` (exp) or ``c`` (exp2),
-``l = Σ p`` and ``O = Σ p·V`` rescaled by ``2^(m₂_old − m₂_new)``, then ``O / l``. A row whose
-every score is -inf gives 0/0 = NaN, as eager's ``exp(-inf − (−inf))`` does.
+``l = Σ p`` and ``O = Σ p·V`` rescaled by ``2^(m₂_old − m₂_new)``, then ``O·(1/l)`` (``l ≥ 1``:
+the row maximum's term is 1; config.row_reciprocal). A row whose
+every score is -inf gives 0·(1/0) = NaN, as eager's ``exp(-inf − (−inf))`` does.
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax, no streams, no further contractions, nothing after ``O / l``; bf16 or fp16 Q, K, V
@@ -376,7 +377,9 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) 
         item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
                                                f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS)
+        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
+                   else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
 
 # A score function (``_score``, and ``_score_full`` with the masks folded).
@@ -505,7 +508,7 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(last), count=1)
 
-    out = acc / gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)
+    out = acc {normalize}
     out_rows = row0 + gl.arange(0, BM, layout=o_rows)
     out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     offs = gl.expand_dims(lin.to(gl.int64) * M + out_rows, 1) * D + gl.expand_dims(out_cols, 0)

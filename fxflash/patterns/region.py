@@ -173,6 +173,20 @@ class Region:
         return _shape(self.p_node)
 
     @property
+    def unit_bounded_sums(self) -> set:
+        """Online sums proved ≥ 1 on every row that is not NaN: ``Σ E(x − m)`` of a homomorphism
+        taken against the running maximum ``m`` of its own ``x`` (form scaled by ``m``, no row
+        factor), whose largest term is ``E(0) = 1`` and whose others are positive — a softmax's
+        denominator. Dividing by one is multiplying by its reciprocal (codegen's epilogue): ``1/s``
+        cannot overflow, and a row whose sum is NaN stays NaN."""
+        def of_its_own_max(red) -> bool:
+            form = self.forms.get(red.source, PLAIN)
+            return (_is(red.source, *HOMOMORPHISMS) and form.kind == "scaled" and form.scale is red.scale
+                    and not form.factors)
+        return {red.node for red in self.reductions
+                if red.combine == "sum" and red.scale is not None and not red.factors and of_its_own_max(red)}
+
+    @property
     def terms(self) -> list:
         """The accumulators of ``P·V``: ``[(sign, tile node, form)]``, one per term of P."""
         form = self.forms.get(self.p_node, PLAIN)
