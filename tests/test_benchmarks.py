@@ -40,6 +40,39 @@ def test_speedups_table_and_plot(tmp_path):
     assert (tmp_path / "suite_GPU_X.png").stat().st_size > 10_000
 
 
+def test_roofline_floors_and_what_a_target_needs(tmp_path):
+    """roofline.py: the floor is the busiest unit's time for the work one fused pass cannot avoid
+    (every score's Q·Kᵀ and every stream's P·V on the tensor cores; inputs and output once
+    through HBM; exponentials on the special-function unit), and a target ``r×`` faster than a
+    system needs floor / (its ms / r) of the GPU — above 1: unreachable."""
+    import roofline
+
+    peaks = {"tensor": 1e15, "hbm": 1e12, "mufu": 1e13}
+    s = roofline.Shape(b=1, h=16, hkv=16, m=16384, n=16384, d=64, dv=64)
+    flops = 4 * 16 * 16384 ** 2 * 64
+    assert roofline.WORK["vanilla"](s).flops == flops
+    assert roofline.floor_ms(roofline.WORK["vanilla"](s), peaks) == (flops / 1e15 * 1e3, "tensor")
+    diff = roofline.Shape(b=1, h=32, hkv=32, m=512, n=512, d=64, dv=128)   # both streams' P·V
+    assert roofline.WORK["diff_attention"](diff).flops == 2 * 32 * 512 ** 2 * (64 + 128)
+    evo = roofline.Shape(b=2048, h=4, hkv=4, m=256, n=256, d=64, dv=64)    # memory-bound
+    assert roofline.floor_ms(roofline.WORK["evoformer_row"](evo), peaks)[1] == "hbm"
+
+    rows = [_row("diff_attention", "fxflash", "2.0", M=512, B=32, suite_name="beyond"),
+            _row("diff_attention", "torch_compile", "3.0", M=512, B=32, suite_name="beyond")]
+    for r in rows:
+        r.update(H=32, Hkv=32, Dv=128)
+    peaks_path = tmp_path / "peaks.csv"
+    peaks_path.write_text("quantity,value,unit,device,torch,triton\nmatmul_tflops,1e-3,TFLOP/s,X,,\n"
+                          "hbm_tb_s,1,TB/s,X,,\nexp2_per_s,1e12,1/s,X,,\n")
+    cases = roofline.read_cases(str(_write_csv(tmp_path / "suite.csv", rows)))
+    (row,) = roofline.rows(cases, roofline.read_peaks(str(peaks_path)))
+    floor = 2 * 32 * 32 * 512 ** 2 * 192 / 1e9 * 1e3       # 1 GFLOP/s: a floor of seconds
+    assert row["unit"] == "tensor" and abs(row["floor"] - floor) < 1e-6 * floor
+    needs = {(issue, ratio): need for issue, ratio, _, _, need in row["targets"]}
+    assert abs(needs[(4, 3.0)] - floor / (3.0 / 3.0)) < 1e-6 * floor
+    assert "**" in roofline.table([row])                       # a target over 100 % is marked
+
+
 def test_only_a_part_is_measured_again(tmp_path):
     """``suite.py --only`` drops the rows of the parts it names (softmax: at its seqlens) and
     keeps every other row, so that the part is measured again rather than skipped."""
