@@ -113,6 +113,14 @@ _TILE_LOAD = re.compile(r"^( +)(x\d+) = tl\.load\((in\d+)_ptr \+ ([^\n]*?), mask
                         re.M)
 
 
+def triton_sigmoid(source: str) -> str:
+    """The sigmoid as Triton's ``tl.sigmoid`` (``1 / (1 + exp(-x))`` with a full-range division and
+    exp2) in place of the printed ``_fx_sigmoid`` (the special-function unit's approximate exp2
+    and reciprocal on GPUs, printers.GPU_HELPERS): what the kernel printed before the helper."""
+    return _sub(r"^def _fx_sigmoid\(x\):\n(?: {4}.*\n)+",
+                "def _fx_sigmoid(x):\n    return tl.sigmoid(x.to(tl.float32))\n", source, count=1)
+
+
 def _tile_address(address: str, col: str):
     """``(base terms, row stride, column stride)`` of a tile load's address ``base + (rm) * sr +
     ({col}) * sc``; None for a load of another shape."""
@@ -239,7 +247,7 @@ persistent_1, persistent_2, persistent_4, persistent_2_nested, persistent_2_one_
 
 half_dv.programs = 2
 EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, bias_tma, gate_tma, gate_prefetch,
-                                 bias_tma_gate_prefetch, persistent_1, persistent_2,
+                                 bias_tma_gate_prefetch, triton_sigmoid, persistent_1, persistent_2,
                                  persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop)}
 
 

@@ -1,7 +1,10 @@
 """Fused kernels (Triton interpreter on CPU): one kernel per attention, eager's accuracy."""
 import dataclasses
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -605,3 +608,18 @@ def test_a_softmax_denominator_is_applied_as_one_reciprocal_per_row(reciprocal, 
         ref = fn(*args)
         assert torch.equal(torch.isnan(out), torch.isnan(ref))
         assert_accurate(fn, args, out)
+
+
+@pytest.mark.parametrize("name,helper,ptx", [("sigmoid_attention", "_fx_sigmoid", "rcp.approx.ftz.f32"),
+                                             ("evoformer_row", "_fx_sigmoid", "rcp.approx.ftz.f32"),
+                                             ("softcap", "_fx_tanh", "ex2.approx.ftz.f32")])
+def test_kernels_with_gpu_helpers_compile_for_hopper(name, helper, ptx):
+    """The kernel as printed for a GPU (printers.GPU_HELPERS: libdevice's tanh, a sigmoid from the
+    special-function unit's approximate exp2 and reciprocal in inline PTX — what the interpreter
+    never runs) compiles for sm_90 with Triton's ptxas, no GPU needed (tests/triton_compile.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, os.path.join(here, "triton_compile.py"), name, "float16"],
+                          cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"compiled {name}" in done.stdout and helper in done.stdout and ptx in done.stdout, done.stdout

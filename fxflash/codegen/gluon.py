@@ -220,7 +220,7 @@ def refusal(r: Region) -> str | None:
 # -- printing ------------------------------------------------------------------------------
 # Functions of the ``tl`` printers and their Gluon spellings; any other ``tl.`` name is refused.
 GLUON_NAMES = {
-    "tl.sigmoid(": "_fx_sigmoid(", "tl.math.erf(": "gl.erf(",
+    "tl.math.erf(": "gl.erf(",
     "tl.PropagateNan.ALL": "tl.PropagateNan.ALL",  # an enum Gluon's maximum/minimum take as is
 }
 GLUON_SAME = {"where", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos",

@@ -161,7 +161,7 @@ PRINTERS = {
     aten.log2: _unary("tl.log2({})"),
     aten.sqrt: _unary("tl.sqrt({})"),
     aten.rsqrt: _unary("tl.rsqrt({})"),
-    aten.sigmoid: _unary("tl.sigmoid({})"),
+    aten.sigmoid: _unary("_fx_sigmoid({})"),
     aten.tanh: _unary("_fx_tanh({})"),
     aten.relu: _unary("tl.maximum({}, 0.0)"),
     aten.abs: _unary("tl.abs({})"),
@@ -194,16 +194,33 @@ PRINTERS = {
 }
 
 # Helper functions a generated module defines when its kernel calls them: name → source.
-# GPU_HELPERS replace them on GPUs with CUDA's libdevice (same accuracy, fewer instructions:
-# no IEEE division); the interpreter has no libdevice.
+# GPU_HELPERS replace them on GPUs with CUDA's libdevice or the special-function unit's
+# instructions (same accuracy, fewer instructions: no IEEE division, no range fix-ups); the
+# interpreter has neither.
 GPU_HELPERS = {
     "_fx_tanh": '''
 @triton.jit
 def _fx_tanh(x):
     return libdevice.tanh(x.to(tl.float32))
 ''',
+    "_fx_sigmoid": '''
+@triton.jit
+def _fx_sigmoid(x):
+    # 1 / (1 + 2^(-x·log₂e)) with the special-function unit's exp2 and reciprocal (within 2 and
+    # 1 ulp), flushing subnormals to zero: where 2^(-x·log₂e) is subnormal, 1 + it rounds to 1
+    # anyway; where it overflows (x < -88), 1/inf = 0 stands for a sigmoid below 2^-126.
+    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x.to(tl.float32) * -1.4426950408889634],
+                                  dtype=tl.float32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+''',
 }
 HELPERS = {
+    "_fx_sigmoid": '''
+@triton.jit
+def _fx_sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x.to(tl.float32)))
+''',
     "_fx_tanh": '''
 @triton.jit
 def _fx_tanh(x):

@@ -1,0 +1,59 @@
+"""Compile a variant's generated Triton kernel, as printed for a GPU, for sm_90 without one (run by
+test_fused.py in a process without TRITON_INTERPRET: the interpreter's printing has no GPU
+helpers, printers.GPU_HELPERS, so only this checks that their libdevice calls and inline PTX
+compile):
+
+    python tests/triton_compile.py VARIANT DTYPE
+
+Prints the GPU helpers the kernel calls and the special-function instructions in its PTX; ptxas
+must have assembled it."""
+import re
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fxflash.codegen.cache import load_kernel
+from fxflash.codegen.emit import emit_kernel
+from fxflash.codegen.printers import GPU_HELPERS
+from fxflash.config import interpreting
+from fxflash.patterns import find_chains
+from fxflash.patterns.region import build_region
+from fxflash.variants import VARIANTS, Shape
+from helpers import analysed
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
+         torch.int32: "i32", torch.bool: "i1"}
+CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 64}
+
+
+def main(name, dtype):
+    assert not interpreting(), "run without TRITON_INTERPRET: the interpreter prints no GPU helpers"
+    dtype = getattr(torch, dtype)
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=64, Dv=64), dtype)
+    _, analysis = analysed(variant.fn, *args)
+    (chain,) = find_chains(analysis)
+    plan = emit_kernel(build_region(analysis, chain), analysis.kinds)
+    kernel = load_kernel(plan.source, plan.name)
+    types = {"ptr": lambda spec: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
+             "side": lambda spec: "*fp32", "summary": lambda spec: "*i64"}
+    runtime = {"out_ptr": "*" + TYPES[plan.out_dtype]}
+    for spec, arg in zip(plan.args, kernel.arg_names[1:]):
+        runtime[arg] = types.get(spec[0], lambda spec: "i32")(spec)
+    constexprs = {**CONSTEXPRS, "D": plan.d, "DP": plan.d, "DV": plan.dv, "DVP": plan.dv}
+    signature = {n: runtime.get(n, "constexpr") for n in kernel.arg_names}
+    assert {n for n, t in signature.items() if t == "constexpr"} <= set(constexprs), signature
+    constexprs = {n: v for n, v in constexprs.items() if n in signature}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    helpers = sorted(h for h in GPU_HELPERS if f"{h}(" in plan.source)
+    assert compiled.asm.get("cubin"), "ptxas produced no cubin"
+    ftz = sorted(set(re.findall(r"\b(?:ex2|rcp)\.approx\.ftz\.f32", compiled.asm["ptx"])))
+    print(f"compiled {name} {dtype}: GPU helpers {helpers}, approximate PTX {ftz}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
