@@ -23,10 +23,8 @@ from fxflash.codegen.gluon import emit_gluon, refusal, register_budget
 from fxflash.variants import VARIANTS, Shape
 from fxflash.patterns import find_chains
 from fxflash.patterns.region import build_region
-from helpers import analysed
+from helpers import TRITON_TYPES as TYPES, analysed
 
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
-         torch.int32: "i32", torch.bool: "i1"}
 
 
 def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1):

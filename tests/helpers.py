@@ -55,3 +55,9 @@ def assert_accurate(fn, args, out):
     bound = ERROR_FACTOR * eager_err + FLOOR[out.dtype]
     assert fused_err <= bound, f"fused error {fused_err:.3g} > {bound:.3g} (eager {eager_err:.3g})"
     return fused_err, eager_err
+
+
+# Triton's signature names of the dtypes a kernel argument may have (for compiling without a GPU:
+# gluon_compile.py, triton_compile.py).
+TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
+                torch.int32: "i32", torch.bool: "i1"}

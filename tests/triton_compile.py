@@ -22,10 +22,8 @@ from fxflash.config import interpreting
 from fxflash.patterns import find_chains
 from fxflash.patterns.region import build_region
 from fxflash.variants import VARIANTS, Shape
-from helpers import analysed
+from helpers import TRITON_TYPES as TYPES, analysed
 
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
-         torch.int32: "i32", torch.bool: "i1"}
 CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 64}
 
 
