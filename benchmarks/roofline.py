@@ -99,19 +99,21 @@ TARGETS = (
     ("softcap", (64,), 1.2, "flex_kernel", 6),
     ("vanilla", (64,), 1.0, "torch_compile", 3),
 )
-UNITS = {"tensor": "matmul_tflops", "hbm": "hbm_tb_s", "mufu": "exp2_per_s"}
+# Each unit: the Work field it does, and the device_peaks.py quantity (and its scale) it does it at.
+UNITS = {"tensor": ("flops", "matmul_tflops", 1e12), "hbm": ("bytes", "hbm_tb_s", 1e12),
+         "mufu": ("mufu", "exp2_per_s", 1.0)}
 
 
 def read_peaks(path: str) -> dict[str, float]:
+    """Each unit's rate per second, from device_peaks.py's CSV."""
     with open(path, newline="") as f:
         rows = {r["quantity"]: float(r["value"]) for r in csv.DictReader(f)}
-    return {"tensor": rows["matmul_tflops"] * 1e12, "hbm": rows["hbm_tb_s"] * 1e12, "mufu": rows["exp2_per_s"]}
+    return {unit: rows[quantity] * scale for unit, (_, quantity, scale) in UNITS.items()}
 
 
 def floor_ms(work: Work, peaks: dict[str, float]) -> tuple[float, str]:
     """The largest of the three units' times (ms) and the unit."""
-    times = {"tensor": work.flops / peaks["tensor"], "hbm": work.bytes / peaks["hbm"],
-             "mufu": work.mufu / peaks["mufu"]}
+    times = {unit: getattr(work, field) / peaks[unit] for unit, (field, _, _) in UNITS.items()}
     unit = max(times, key=times.get)
     return times[unit] * 1e3, unit
 
