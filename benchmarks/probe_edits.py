@@ -121,6 +121,41 @@ def triton_sigmoid(source: str) -> str:
                 "def _fx_sigmoid(x):\n    return tl.sigmoid(x.to(tl.float32))\n", source, count=1)
 
 
+LAZY_GROWTH = 8.0  # lazy_rescale: how far (in the exponent's units) a row's maximum may grow unapplied
+
+
+def lazy_rescale(source: str) -> str:
+    """Rescale a stream's accumulators and row sum only when some row's maximum grew by more
+    than LAZY_GROWTH since it was last applied (one test over the program's rows per key tile,
+    FlashAttention-4's lazy rescaling); otherwise the stale maximum stays, and the tile's
+    exponentials reach at most 2^8 (e^8 in natural units). Exact in real arithmetic: O and l
+    carry the same factor, which O / l cancels. Predicted to pay where the rescale is a large
+    part of each score's work — differential attention at head dim 64, whose two accumulators
+    are 2·BLOCK_N wide (two multiplies per score and stream)."""
+    rescaled: dict = {}  # stream's maximum → the accumulators and sums its alpha rescales
+    for pattern in (r"^ +(acc_\w+) = \1 \* alpha_(\w+) \+ tl\.sum\(", r"^ +(acc\d+) = \1 \* alpha_(\w+)\n"):
+        for m in re.finditer(pattern, source, flags=re.M):
+            rescaled.setdefault(m[2], dict())[m[1]] = None
+    out = _sub(r"^( +)(acc_\w+) = \2 \* alpha_\w+ \+ tl\.sum\(", r"\1\2 = \2 + tl.sum(", source)
+    out = _sub(r"^ +(acc\d+) = \1 \* alpha_\w+\n", "", out)
+    out = _sub(r"^ +acc_(\w+) = new_\1\n", "", out)
+
+    def lazy(match):
+        indent, x, nan, floor, exp = match.groups()
+        inner = indent + "    "
+        return "".join([
+            f"{indent}if tl.max(tl.where(tile_{x} > acc_{x} + {LAZY_GROWTH!r}, 1, 0)) > 0:\n",
+            f"{inner}new_{x} = tl.maximum(acc_{x}, tile_{x}, {nan})\n",
+            f"{inner}alpha_{x} = {exp}(acc_{x} - tl.maximum(new_{x}, {floor}, {nan}))\n",
+            *(f"{inner}{a} = {a} * alpha_{x}\n" for a in rescaled.get(x, ())),
+            f"{inner}acc_{x} = new_{x}\n",
+            f"{indent}mu_{x} = tl.maximum(acc_{x}, {floor}, {nan})\n"])
+
+    return _sub(r"^( +)new_(\w+) = tl\.maximum\(acc_\2, tile_\2, (propagate_nan=[^)]*)\)\n"
+                r"\1mu_\2 = tl\.maximum\(new_\2, ([^,]+), propagate_nan=[^)]*\)\n"
+                r"\1alpha_\2 = (tl\.exp2?)\(acc_\2 - mu_\2\)\n", lazy, out)
+
+
 def _tile_address(address: str, col: str):
     """``(base terms, row stride, column stride)`` of a tile load's address ``base + (rm) * sr +
     ({col}) * sc``; None for a load of another shape."""
@@ -247,7 +282,7 @@ persistent_1, persistent_2, persistent_4, persistent_2_nested, persistent_2_one_
 
 half_dv.programs = 2
 EDITS = {f.__name__: f for f in (loads_first, bias_in_dot, dots_first, v_first, half_dv, bias_tma, gate_tma, gate_prefetch,
-                                 bias_tma_gate_prefetch, triton_sigmoid, persistent_1, persistent_2,
+                                 bias_tma_gate_prefetch, triton_sigmoid, lazy_rescale, persistent_1, persistent_2,
                                  persistent_4, persistent_2_nested, persistent_2_one_loop, persistent_4_one_loop)}
 
 
