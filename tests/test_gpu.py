@@ -172,7 +172,6 @@ def test_every_candidate_tile_on_gpu(name):
 TUNE_AND_REPORT = """
 import json, torch, fxflash
 from fxflash.codegen import tuning
-from fxflash.codegen.gluon import GLUON_CONFIGS
 from fxflash.variants import VARIANTS, Shape
 v = VARIANTS["causal"]
 args = v.inputs(Shape(B=2, H=4, Hkv=4, M=700, N=700, D=64, Dv=64), torch.bfloat16, "cuda")

@@ -13,7 +13,7 @@ from ..config import config, interpreting
 from . import gluon_launch, tuning
 from .cache import load_kernel
 from .emit import KernelPlan, block_dims_of
-from .gluon import is_gluon_tile
+from .gluon import gluon_tile, is_gluon_tile
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
 # threads take turns (compiled GPU kernels launch concurrently).
@@ -144,6 +144,13 @@ def _kernel_args(specs, values: LaunchValues) -> list:
     return [ARG_SOURCES[spec[0]](spec, values) for spec in specs]
 
 
+def _gluon_args(gplan, tile, inputs, frame, out, sides) -> list:
+    """The values of ``gplan.args`` for a Gluon launch with configuration ``tile`` (tile summaries
+    per key tile of that configuration)."""
+    summaries = tile_summaries(gplan, inputs, gluon_tile(tile).block_n)
+    return _kernel_args(gplan.args, LaunchValues(inputs, frame, out, sides, summaries))
+
+
 class BoundLaunch:
     """One compiled kernel with its grid and every argument that does not change between calls
     of one layout; ``launch`` computes the tile summaries, fills in the tensors and calls
@@ -192,9 +199,8 @@ class BoundGluonLaunch:
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
         inputs = replay_views(inputs, self.views)
-        values = LaunchValues(inputs, self.frame, out, sides, tile_summaries(gplan, inputs, self.tile[2]))
         self.runner(*gluon_launch.descriptors(gplan, self.tile, inputs, self.layouts), out,
-                    *_kernel_args(gplan.args, values), *self.tail)
+                    *_gluon_args(gplan, self.tile, inputs, self.frame, out, sides), *self.tail)
 
 
 class Launcher:
@@ -231,10 +237,9 @@ class Launcher:
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
             raise ValueError(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
-        values = LaunchValues(inputs, frame, out, sides, tile_summaries(gplan, inputs, tile[2]))
         with _launching():
             return gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out,
-                                       _kernel_args(gplan.args, values))
+                                       _gluon_args(gplan, tile, inputs, frame, out, sides))
 
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
