@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant evoformer_row --batch 8 --head-dim 64
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant sliding_window --gqa --seqlen 4096
+    PYTHONPATH=. python benchmarks/tile_sweep.py --variant evoformer_row --batch 8 --gluon
 
 For profiling a variant whose fused kernel is slower than expected: prints, for every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) in the autotuner's table and a few beyond it, the
@@ -10,7 +11,8 @@ For profiling a variant whose fused kernel is slower than expected: prints, for 
 hotter one runs at a lower clock), and the median of its CUDA-graph replays
 (``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
-read). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16 query
+read). ``--gluon`` adds the Gluon configurations (Hopper), each also checked against the
+tuner's pick (its largest difference relative to the output's largest value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16 query
 heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
 """
 from __future__ import annotations
@@ -25,11 +27,15 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash.codegen import emit, tuning  # noqa: E402
+from fxflash.codegen.gluon import GLUON_CONFIGS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import SUITES, beyond_cases, case, medians, settled_ms  # noqa: E402
 
 EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)]
+# Gluon configurations beyond gluon.GLUON_CONFIGS (``--gluon``): 64-key tiles at head dim 64
+GLUON_EXTRA = {64: [("gluon", 2, 64, 3, 0, 1), ("gluon", 1, 64, 3, 0, 2), ("gluon", 2, 64, 4, 0, 1),
+                    ("gluon", 3, 64, 3, 0, 1)], 128: []}
 
 
 def add_case_options(parser) -> None:
@@ -59,20 +65,25 @@ def case_of(opts) -> tuple:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_case_options(parser)
+    parser.add_argument("--gluon", action="store_true", help="also time the Gluon configurations (Hopper)")
     opts = parser.parse_args()
     fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fast = fxflash.optimize(fn)
+    reference = fast(*args).float()
     configs = emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
+    if opts.gluon:
+        configs += [*GLUON_CONFIGS.get(fields["D"], ()), *GLUON_EXTRA.get(fields["D"], ())]
     for tile in configs:
-        bm, bn, warps, stages = tile
+        name = f"{tuning.describe(tile):<72}"
         try:
             with tuning.pinned(tile):
+                diff = ((fast(*args).float() - reference).abs().max() / reference.abs().max()).item()
                 ms, graph_ms = medians(lambda: fast(*args))
-            print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s, "
-                  f"graph replay {graph_ms:8.3f} ms", flush=True)
+            print(f"  {name} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s, graph replay {graph_ms:8.3f} ms, "
+                  f"rel. diff from the tuner's pick {diff:.1e}", flush=True)
         except Exception as exc:  # out of shared memory or registers for this tile
-            print(f"  {bm:>4} {bn:>4} w{warps} s{stages}: {type(exc).__name__}", flush=True)
+            print(f"  {name} {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     fxflash.config.kernel_cache_dir = tempfile.mkdtemp()  # an empty tuning cache: time afresh
     tuning.forget()
     fast(*args)

@@ -36,6 +36,9 @@ def region_of(name, dtype=torch.bfloat16, shape=SHAPE):
     ("causal", ["float('-inf')"]),
     ("document_mask", ["gl.load(in", "sum0_lo"]),  # ids loaded per tile, summarized per key tile
     ("gqa_expand", ["k_nb2", "k_sb2"]),             # K's broadcast head axis, unravelled for its rows
+    ("scale_q_first", ["(s * 0.125)"]),              # q·2⁻³ folded into the scores: exact
+    ("bshd", ["q_col", "k_col"]),                    # heads inside a row: read at a column of it
+    ("evoformer_row", ["(s * 0.125)", "_fx_sigmoid(", "out_s4", "gl.load(in5_ptr"]),  # the gate in the epilogue
 ])
 def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed):
     region = region_of(name)
@@ -50,13 +53,12 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
 @pytest.mark.parametrize("name,dtype,reason", [
     ("sigmoid_attention", torch.bfloat16, "not one maximum and one sum"),
     ("diff_attention", torch.bfloat16, "two softmax streams"),
-    ("evoformer_row", torch.bfloat16, "ops applied to the output"),
-    ("scale_q_first", torch.bfloat16, "scaled before the matmul"),
+    ("evoformer_row", torch.bfloat16, "other than a positive power of two"),  # q / √128
     ("softmax_one", torch.bfloat16, "row ops after the loop"),
     ("vanilla", torch.float32, "not all bf16 or all fp16"),
 ])
 def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
-    shape = SHAPE if name != "evoformer_row" else Shape(B=1, H=2, M=40, N=40, D=64, Dv=64)
+    shape = SHAPE if name != "evoformer_row" else Shape(B=1, H=2, M=40, N=40, D=128, Dv=128)
     variant = VARIANTS[name]
     region = fxflash.explain(variant.fn, *variant.inputs(shape, dtype)).regions[0]
     assert region.fused and not region.gluon_source
@@ -84,6 +86,9 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("alibi", "bfloat16", 64, (1, 128, 3, 0, 2), "1"),
     ("softcap", "bfloat16", 128, (2, 128, 3, 0, 1), "0"),
     ("gqa_expand", "bfloat16", 128, (1, 64, 3, 0, 2), "0"),
+    ("bshd", "float16", 128, (2, 128, 3, 0, 1), "0"),
+    ("evoformer_row", "bfloat16", 64, (2, 128, 3, 0, 1), "0"),
+    ("evoformer_row", "bfloat16", 64, (1, 128, 3, 0, 2), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
@@ -102,7 +107,18 @@ def test_rows_view_follows_tma_rules():
     k = torch.empty(2, 2, 1, 96, 64, dtype=torch.bfloat16).expand(2, 2, 3, 96, 64)  # GQA: a broadcast head
     assert _rows_view_refusal(k, 64) is None and _rows_total(k) == 4 * 96
     bshd = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16).transpose(1, 2)  # heads 64 apart, rows 256
-    assert "whole rows apart" in _rows_view_refusal(bshd, 64)
+    assert _rows_view_refusal(bshd, 64) is None and _rows_total(bshd) == 200  # a [200, 256] matrix
+    evo = torch.empty(2, 3, 100, 4, 64, dtype=torch.bfloat16)
+    col = evo.permute(0, 2, 3, 1, 4)  # Evoformer's column attention: rows are N_seq, 25 600 wide
+    assert _rows_view_refusal(col, 64) is None and _rows_total(col) == 2 * 3
+    halves = torch.empty(2 * 12800 + 64, dtype=torch.bfloat16).as_strided((2, 4, 100, 64), (12800, 32, 128, 1))
+    assert "overlap" in _rows_view_refusal(halves, 64)  # heads 32 apart: 3·32 + 64 > 128 columns
+    odd = torch.empty(4000, dtype=torch.bfloat16).as_strided((2, 10, 64), (136, 128, 1))
+    assert "neither whole rows apart nor inside one row" in _rows_view_refusal(odd, 64)
+    tail = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)[:, :, :2].transpose(1, 2)  # the last row's end
+    assert _rows_view_refusal(tail, 64) is None                                        # is inside
+    short = torch.empty(2 * 100 * 256 - 128, dtype=torch.bfloat16).as_strided((2, 2, 100, 64), (25600, 64, 256, 1))
+    assert "outside its storage" in _rows_view_refusal(short, 64)
     assert "not contiguous" in _rows_view_refusal(q.transpose(-1, -2), 100)
     assert "16-byte aligned" in _rows_view_refusal(torch.empty(2, 4, 100, 68, dtype=torch.bfloat16)[..., :64], 64)
 

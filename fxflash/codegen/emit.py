@@ -145,6 +145,7 @@ class _Printer:
         self.idx_bound = {ROW: (1, 0), COL: (1, 0), DVC: (0, MAX_HEAD_DIM)}
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
+        self.prefetch_epilogue = config.prefetch_epilogue  # load the epilogue's inputs before the loop
         self.skips_tiles = False
         self.unclassified: list = []  # KernelPlan.unclassified
         self.full_proved = False   # tile_range classifies full tiles (every mask has an interval)
@@ -322,7 +323,7 @@ class _Printer:
         masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok"), (DVC, f"({DVC} < DV)")) if v in used]
         mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
         code = f"tl.load({ptr} + {offset}{mask})"
-        if self.in_epilogue and config.prefetch_epilogue:
+        if self.in_epilogue and self.prefetch_epilogue:
             # an input the epilogue reads (a gate): issued before the loop, so that its latency
             # hides behind the loop's work; converted after it (its storage dtype held across)
             early = self.tmp("pf")

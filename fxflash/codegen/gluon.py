@@ -24,13 +24,16 @@ score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2
 ``m₂ = max(x')·k``, ``p = 2^(x'·k − m₂)`` with ``k = c·log₂e`` (exp) or ``c`` (exp2),
 ``l = Σ p`` and ``O = Σ p·V`` rescaled by ``2^(m₂_old − m₂_new)``, then ``O·(1/l)`` (``l ≥ 1``:
 the row maximum's term is 1; config.row_reciprocal). A row whose
-every score is -inf gives 0·(1/0) = NaN, as eager's ``exp(-inf − (−inf))`` does.
+every score is -inf gives 0·(1/0) = NaN, as eager's ``exp(-inf − (−inf))`` does. The
+region's output ops (a gate, a transpose) are emit's printer's lines on the consumer's rows
+and columns, stored at the output's strides.
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
-softmax, no streams, no further contractions, nothing after ``O / l``; bf16 or fp16 Q, K, V
-with ``D = Dv`` ∈ {64, 128}, read as stored. Whether a launch can use it (TMA needs each
-operand's rows at one stride, 16-byte aligned, and ``N`` a multiple of the key tile) is
-decided per launch (``launch_refusal``); the tuner then times its configurations beside the
+softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 or fp16 Q, K,
+V with ``D = Dv`` ∈ {64, 128}, read as stored (a scale on Q or K only where it is a positive
+power of two: ``score_scale``). Whether a launch can use it (TMA reads each operand as a
+``[R, sr]`` matrix, its batch axes whole rows apart or inside one row, rows 16-byte aligned,
+and ``N`` a multiple of the key tile) is decided per launch (``launch_refusal``); the tuner then times its configurations beside the
 ``tl`` kernel's and keeps the faster (tuning.py). The interpreter cannot run Gluon: CPU tests
 print the kernel and compile it for sm_90.
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import math
 import re
 import typing
 import warnings
@@ -50,7 +54,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import Value, _Printer
+from .emit import DVC, ROW, Value, _Printer
 from .printers import Unprintable
 
 aten = torch.ops.aten
@@ -195,14 +199,26 @@ REGION_RULES = (
     (lambda r: r.split is not None, "two softmax streams (differential attention)"),
     (lambda r: bool(r.partners), "more than one score contraction"),
     (lambda r: bool(r.side_outputs), "row values returned beside the output"),
-    (lambda r: bool(r.output_ops), "ops applied to the output (a gate, a transpose)"),
     (lambda r: bool(r.epilogue), "row ops after the loop"),
     (lambda r: r.D != r.Dv or r.D not in HEAD_DIMS, f"head dims other than D = Dv ∈ {HEAD_DIMS}"),
     (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
      "an operand stored transposed (TMA reads Q, K and V as [rows, head dim])"),
-    (lambda r: bool(r.q.scale or r.k.scale or r.v.scale), "an operand scaled before the matmul"),
+    (lambda r: bool(r.v.scale), "V scaled before the matmul"),
+    (lambda r: score_scale(r) is None, "Q or K scaled before the matmul by a factor other than a positive power of two"),
     (_dtype_refusal, None),
 )
+
+
+def score_scale(r: Region) -> float | None:
+    """The factor ``c`` that Q's and K's scalar scales put on ``S = Q·Kᵀ``, or None where it is
+    not a positive power of two. Q and K arrive by TMA as stored, so the kernel applies ``c`` to
+    the scores; eager rounds ``c·q`` to q's dtype first, which a power of two leaves exact (the
+    significand unchanged; only the rare value pushed below the dtype's normal range would
+    round in eager and not here)."""
+    c = 1.0
+    for op, factor in (*r.q.scale, *r.k.scale):
+        c = c * factor if op == "mul" else c / factor
+    return c if c > 0 and math.frexp(c)[0] == 0.5 else None
 
 
 def refusal(r: Region) -> str | None:
@@ -224,11 +240,18 @@ GLUON_NAMES = {
     "tl.PropagateNan.ALL": "tl.PropagateNan.ALL",  # an enum Gluon's maximum/minimum take as is
 }
 GLUON_SAME = {"where", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos",
-              "floor", "ceil", "load", "cdiv", "min", "max", "sum", "float32", "float16", "bfloat16", "int1",
+              "floor", "ceil", "load", "store", "cdiv", "min", "max", "sum", "float32", "float16", "bfloat16", "int1",
               "int8", "int16", "int32", "int64", "uint8"}
 L1D = "L1D"  # the module's one-dimensional layout (vectors over key tiles or rows)
 HELPERS = {
-    "_fx_sigmoid": "@gluon.jit\ndef _fx_sigmoid(x):\n    return 1.0 / (1.0 + gl.exp(-x))\n",
+    # printers.GPU_HELPERS' form: the special-function unit's exp2 and reciprocal
+    "_fx_sigmoid": """@gluon.jit
+def _fx_sigmoid(x):
+    e = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x.to(gl.float32) * -1.4426950408889634],
+                                  dtype=gl.float32, is_pure=True, pack=1)
+    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+""",
     "_fx_tanh": "@gluon.jit\ndef _fx_tanh(x):\n    return libdevice.tanh(x.to(gl.float32))\n",
 }
 
@@ -300,16 +323,19 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
         for axis in reversed(range(rank)):
             rows += [f"{label}_off += (rest % {label}_nb{axis}).to(gl.int64) * {label}_sb{axis}",
                      f"rest = rest // {label}_nb{axis}"]
-        rows.append(f"{label}_row = ({label}_off // {label}_sr).to(gl.int32)")
+        rows += [f"{label}_row = ({label}_off // {label}_sr).to(gl.int32)",
+                 f"{label}_col = ({label}_off % {label}_sr).to(gl.int32)"]
     # the score DAG up to the value the maximum reads, as emit prints it for one key tile
-    pr.vars[r.frame] = Value("s", True)
+    c = score_scale(r)
+    pr.vars[r.frame] = Value("s", True) if c == 1.0 else Value(f"(s * {c!r})", True, scaled=("s", c))
     for node in r.dag[:r.dag.index(sm.maximum)]:
         pr.dag_node(node, {})
     x = pr.vars[next(red.source for red in r.reductions if red.node is sm.maximum)]
     base, c = x.scaled or (x.code, 1.0)
     k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
     pre, loop = pr.pre, pr.loop
-    score_params = list(pr.params)
+    store = [to_gluon(line) for line in _output_store(pr)]
+    score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = [to_gluon(line) for line in pr.tile_range()]
     # on the run of tiles where every mask keeps every score, each mask's condition is a
@@ -318,9 +344,31 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     full = pr.full_tile_loop() if pr.full_proved and config.gluon_full_tiles else None
     scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
-    source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range,
+    source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype])
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D)
+
+
+# The consumer's store of its rows ``out`` (fp32, [64, D] in the wgmma layout) into a contiguous
+# [*batch, M, D] output, when the region has no output ops.
+PLAIN_STORE = [
+    "offs = gl.expand_dims(lin.to(gl.int64) * M + out_rows, 1) * D + gl.expand_dims(out_cols, 0)",
+    "gl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(out_rows < M, 1))",
+]
+
+
+def _output_store(pr: _Printer) -> list:
+    """The epilogue's lines after ``out`` is normalized: the region's output ops (a gate, a
+    transpose) printed by emit's printer onto the consumer's row and column indices, then the
+    store at the output's own strides; PLAIN_STORE without output ops."""
+    r = pr.r
+    if not r.output_ops:
+        return PLAIN_STORE
+    pr.in_epilogue, pr.prefetch_epilogue, pr.post = True, False, []
+    pr.store_through_output_ops()
+    pr.in_epilogue = False
+    return [f"{ROW} = gl.expand_dims(out_rows, 1)", f"{DVC} = gl.expand_dims(out_cols, 0)", "DV: gl.constexpr = D",
+            *pr.post]
 
 
 def attach(plan, region: Region, kinds: dict) -> None:
@@ -342,21 +390,23 @@ def attach(plan, region: Region, kinds: dict) -> None:
 PRINTER_FAILED = "printing it failed, a bug in fxflash's Gluon printer"
 
 
-def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) -> str:
+def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
-    score function name → (lines, returned value)."""
+    score function name → (lines, returned value); ``store``: the epilogue's lines after
+    ``out`` (_output_store)."""
     api = gluon_api()
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
     full = "_score_full" in scores
     common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, "
-              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, lo_t, n_t, {'f_lo, f_hi, ' if full else ''}{sp}")
+              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t, "
+              f"{'f_lo, f_hi, ' if full else ''}{sp}")
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
     mt = "n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "pid % n_mt"
     body = "\n".join
-    lines = [line for code, _ in scores.values() for line in code]
+    lines = [line for code, _ in scores.values() for line in code] + store
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
     score_fns = "\n\n\n".join(SCORE_FN.format(fn=fn, fbs=fbs, sp=sp, x=x, lines=body("    " + line for line in code))
                              for fn, (code, x) in scores.items())
@@ -377,7 +427,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, dtype) 
         item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
                                                f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS, store=body("    " + line for line in store),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
@@ -433,15 +483,15 @@ def _loader({common}, PINGPONG: gl.constexpr):
     NBUF: gl.constexpr = k_bufs.type.shape[0]
     mbarrier.expect(q_ready.index(0), CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
-        {tma_load}(q_desc, [q_row + c * BM, 0], q_ready.index(0), q_bufs.index(c))
+        {tma_load}(q_desc, [q_row + c * BM, q_col], q_ready.index(0), q_bufs.index(c))
     for j in range(n_t):
         idx = j % NBUF
         mbarrier.wait(kv_empty.index(idx), ((j // NBUF) & 1) ^ 1)
         key = (lo_t + j) * BLOCK_N
         mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)
-        {tma_load}(k_desc, [k_row + key, 0], k_ready.index(idx), k_bufs.index(idx))
+        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx))
         mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
-        {tma_load}(v_desc, [v_row + key, 0], v_ready.index(idx), v_bufs.index(idx))
+        {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx))
 
 
 @gluon.jit
@@ -511,8 +561,7 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
     out = acc {normalize}
     out_rows = row0 + gl.arange(0, BM, layout=o_rows)
     out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    offs = gl.expand_dims(lin.to(gl.int64) * M + out_rows, 1) * D + gl.expand_dims(out_cols, 0)
-    gl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(out_rows < M, 1))
+{store}
 
 
 # One wrapper per consumer: warp_specialize passes its workers run-time values only, and a

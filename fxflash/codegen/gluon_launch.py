@@ -21,25 +21,33 @@ def _hopper(index) -> bool:
 
 
 def _rows_view_refusal(t: torch.Tensor, d: int) -> str | None:
-    """Why ``t`` ([*batch, rows, d]) cannot be read by TMA as one [rows_total, d] matrix: its
-    last axis contiguous, its rows 16-byte aligned at one stride, every batch axis a whole
-    number of rows apart."""
+    """Why ``t`` ([*batch, rows, d]) cannot be read by TMA as one matrix [R, sr] (sr: its row
+    stride), each batch item's ``[rows, d]`` block at a row and column of it: the last axis
+    contiguous, the rows 16-byte aligned; each batch axis either a whole number of rows apart
+    (``[B, H, S, D]``'s heads) or inside one row, all such offsets together leaving ``d``
+    columns (``[B, S, H, D]``'s heads, ``sr = H·D``); the matrix inside ``t``'s storage."""
     sr = t.stride(-2)
     if t.shape[-1] != d or t.stride(-1) != 1 or sr <= 0:
         return "an operand whose head dim is not contiguous"
     if (sr * t.element_size()) % 16 or t.data_ptr() % 16:
         return "an operand whose rows are not 16-byte aligned"
-    if any(st % sr for st, n in zip(t.stride()[:-2], t.shape[:-2]) if n > 1):
-        return "an operand whose batch axes are not whole rows apart"
+    axes = [(n, st) for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1]
+    if any(st % sr and not 0 < st < sr for _, st in axes):
+        return "an operand with a batch axis neither whole rows apart nor inside one row"
+    if sum((n - 1) * st for n, st in axes if st % sr) + d > sr:
+        return "an operand whose batch axes inside one row overlap"
     if _rows_total(t) >= INT32_ROWS:
         return "more than 2³¹ rows"
+    storage = t.untyped_storage().nbytes() // t.element_size()
+    if t.storage_offset() + _rows_total(t) * sr > storage:
+        return "an operand whose last row ends outside its storage"
     return None
 
 
 def _rows_total(t: torch.Tensor) -> int:
-    """Rows from ``t``'s first to its last (its [rows_total, d] view)."""
-    last = sum((n - 1) * st for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1)
-    return last // t.stride(-2) + t.shape[-2]
+    """Rows R of ``t``'s [R, sr] matrix: from its first element's row to its last element's."""
+    last = sum((n - 1) * st for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1) + t.shape[-1] - 1
+    return last // t.stride(-2) + 1
 
 
 def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
@@ -84,14 +92,14 @@ def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
 
 def descriptors(gplan: GluonPlan, tile, inputs: list, layouts: tuple | None = None) -> tuple:
     """The TMA descriptors of Q, K and V for configuration ``tile`` (the kernel's first
-    arguments), each operand read as its ``[rows, D]`` matrix."""
+    arguments), each operand read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     layouts = layouts or shared_layouts(gplan, tile, inputs)
     descs = []
     for i, block, layout in zip(gplan.operands, _blocks(gplan, tile), layouts):
         t = inputs[i]
-        rows = t.as_strided((_rows_total(t), t.shape[-1]), (t.stride(-2), 1))
+        rows = t.as_strided((_rows_total(t), t.stride(-2)), (t.stride(-2), 1))
         descs.append(TensorDescriptor.from_tensor(rows, block, layout))
     return tuple(descs)
 
