@@ -33,7 +33,8 @@ softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 o
 V with ``D = Dv`` ∈ {64, 128}, read as stored (a scale on Q or K only where it is a positive
 power of two: ``score_scale``). Whether a launch can use it (TMA reads each operand as a
 ``[R, sr]`` matrix, its batch axes whole rows apart or inside one row, rows 16-byte aligned,
-and ``N`` a multiple of the key tile) is decided per launch (``launch_refusal``); the tuner then times its configurations beside the
+and ``N`` a multiple of the key tile) is decided per launch (``launch_refusal``); the tuner
+then times its configurations beside the
 ``tl`` kernel's and keeps the faster (tuning.py). The interpreter cannot run Gluon: CPU tests
 print the kernel and compile it for sm_90.
 """
