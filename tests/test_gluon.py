@@ -131,16 +131,29 @@ def test_gluon_configurations_are_offered_on_hopper_only():
     fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
     gplan = list(_REGISTRY.values())[-1].plan.gluon  # the op just registered
     assert gplan is not None and gplan.operands == (0, 1, 2)
-    assert candidates(gplan, list(args), [2, 4, 40, 48]) == []  # CPU tensors
-    config.gluon = False
-    try:
-        assert candidates(gplan, list(args), [2, 4, 40, 48]) == []
-    finally:
-        config.gluon = True
+    assert candidates(gplan, list(args), [2, 4, 40, 2048]) == []  # CPU tensors
     assert tuning.describe(GLUON_CONFIGS[64][1]) == \
         "Gluon: 3 consumer warp groups × 64 rows, 128-key tiles, 3 K/V buffers, ping-pong"
     assert tuning.describe(("gluon", 1, 64, 3, 0, 2)) == \
         "Gluon: 1 consumer warp group × 64 rows, 64-key tiles, 3 K/V buffers, 2 CTAs per SM"
+
+
+@needs_gluon
+def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
+    """Every configuration that fits is offered from GLUON_MIN_KEYS keys up (a Hopper launch
+    stubbed), none below it or with ``config.gluon`` off."""
+    from fxflash.codegen import gluon_launch
+    from fxflash.codegen.op import _REGISTRY
+
+    args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
+    fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
+    gplan = list(_REGISTRY.values())[-1].plan.gluon
+    monkeypatch.setattr(gluon_launch, "launch_refusal", lambda *a: None)
+    keys = gluon_launch.GLUON_MIN_KEYS
+    assert candidates(gplan, list(args), [2, 4, 40, keys]) == list(GLUON_CONFIGS[64])
+    assert candidates(gplan, list(args), [2, 4, 40, keys - 128]) == []
+    monkeypatch.setattr(config, "gluon", False)
+    assert candidates(gplan, list(args), [2, 4, 40, keys]) == []
 
 
 @needs_gluon

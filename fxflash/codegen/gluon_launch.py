@@ -67,9 +67,18 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     return None
 
 
+# Rows shorter than this many keys get no Gluon configuration from the tuner (a pinned one still
+# runs): on the H200 the Triton kernel was faster than every Gluon configuration at 1024 keys
+# in every softmax variant of the suite (fourteenth and sixteenth sessions) and at 256 keys in
+# the Evoformer (1.12 against 0.90 ms, gluon_evoformer_H200.log); each one costs its compile and
+# timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning).
+GLUON_MIN_KEYS = 2048
+
+
 def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
-    """The Gluon configurations this launch can use (none with ``config.gluon`` off)."""
-    if gplan is None or not config.gluon:
+    """The Gluon configurations the tuner times for this launch: none with ``config.gluon`` off
+    or rows shorter than GLUON_MIN_KEYS."""
+    if gplan is None or not config.gluon or frame[-1] < GLUON_MIN_KEYS:
         return []
     return [tile for tile in GLUON_CONFIGS[gplan.d] if launch_refusal(gplan, inputs, frame, tile) is None]
 
