@@ -112,7 +112,7 @@ def test_rows_view_follows_tma_rules():
     col = evo.permute(0, 2, 3, 1, 4)  # Evoformer's column attention: rows are N_seq, 25 600 wide
     assert _rows_view_refusal(col, 64) is None and _rows_total(col) == 2 * 3
     halves = torch.empty(2 * 12800 + 64, dtype=torch.bfloat16).as_strided((2, 4, 100, 64), (12800, 32, 128, 1))
-    assert "overlap" in _rows_view_refusal(halves, 64)  # heads 32 apart: 3·32 + 64 > 128 columns
+    assert "reach past its end" in _rows_view_refusal(halves, 64)  # heads 32 apart: 3·32 + 64 > 128
     odd = torch.empty(4000, dtype=torch.bfloat16).as_strided((2, 10, 64), (136, 128, 1))
     assert "neither whole rows apart nor inside one row" in _rows_view_refusal(odd, 64)
     tail = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)[:, :, :2].transpose(1, 2)  # the last row's end

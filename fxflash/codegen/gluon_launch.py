@@ -35,7 +35,7 @@ def _rows_view_refusal(t: torch.Tensor, d: int) -> str | None:
     if any(st % sr and not 0 < st < sr for _, st in axes):
         return "an operand with a batch axis neither whole rows apart nor inside one row"
     if sum((n - 1) * st for n, st in axes if st % sr) + d > sr:
-        return "an operand whose batch axes inside one row overlap"
+        return "an operand whose heads inside one row reach past its end"
     if _rows_total(t) >= INT32_ROWS:
         return "more than 2³¹ rows"
     storage = t.untyped_storage().nbytes() // t.element_size()
@@ -69,7 +69,7 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
 
 # Rows shorter than this many keys get no Gluon configuration from the tuner (a pinned one still
 # runs): on the H200 the Triton kernel was faster than every Gluon configuration at 1024 keys
-# in every softmax variant of the suite (fourteenth and sixteenth sessions) and at 256 keys in
+# in every softmax variant of every suite run (benchmarks/NOTES.md) and at 256 keys in
 # the Evoformer (1.12 against 0.90 ms, gluon_evoformer_H200.log); each one costs its compile and
 # timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning).
 GLUON_MIN_KEYS = 2048
