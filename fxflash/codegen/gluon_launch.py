@@ -71,7 +71,8 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
 # runs): on the H200 the Triton kernel was faster than every Gluon configuration at 1024 keys
 # in every softmax variant of every suite run (benchmarks/NOTES.md) and at 256 keys in
 # the Evoformer (1.12 against 0.90 ms, gluon_evoformer_H200.log); each one costs its compile and
-# timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning).
+# timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning). At 2048 keys it
+# already wins for vanilla and ALiBi (gluon_min_keys_2k_H200.log).
 GLUON_MIN_KEYS = 2048
 
 
