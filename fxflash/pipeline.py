@@ -38,7 +38,10 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         configs=plan.configs if plan is not None else (),
     )
     if region is not None:
-        gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel"
+        from .codegen.gluon_launch import GLUON_MIN_KEYS
+
+        gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel on rows "
+                      f"of at least {GLUON_MIN_KEYS} keys"
                       if plan.gluon is not None else f"Gluon kernel (Hopper): none, {plan.gluon_refusal}")
         report.steps = list(region.steps) + [
             f"block sparsity: {why}" for why in plan.unclassified] + [gluon_line]

@@ -12,7 +12,7 @@ import fxflash
 from fxflash.codegen import tuning
 from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, SHARED_BYTES, gluon_api, gluon_tile, register_budget,
                                    shared_bytes, to_gluon)
-from fxflash.codegen.gluon_launch import _rows_total, _rows_view_refusal, candidates
+from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
 from fxflash.variants import VARIANTS, Shape
@@ -47,6 +47,7 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
     assert all(text in source for text in printed), [t for t in printed if t not in source]
     assert "tl." not in source.replace("tl.PropagateNan", "").replace("import triton.language as tl", "")
     assert region.steps[-1].startswith("Gluon kernel (Hopper): printed")
+    assert region.steps[-1].endswith(f"on rows of at least {GLUON_MIN_KEYS} keys")
 
 
 @needs_gluon
