@@ -150,11 +150,10 @@ def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
     fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
     gplan = list(_REGISTRY.values())[-1].plan.gluon
     monkeypatch.setattr(gluon_launch, "launch_refusal", lambda *a: None)
-    keys = gluon_launch.GLUON_MIN_KEYS
-    assert candidates(gplan, list(args), [2, 4, 40, keys]) == list(GLUON_CONFIGS[64])
-    assert candidates(gplan, list(args), [2, 4, 40, keys - 128]) == []
+    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == list(GLUON_CONFIGS[64])
+    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS - 128]) == []
     monkeypatch.setattr(config, "gluon", False)
-    assert candidates(gplan, list(args), [2, 4, 40, keys]) == []
+    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == []
 
 
 @needs_gluon
