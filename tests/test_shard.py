@@ -1,0 +1,41 @@
+"""``--shard I/N`` (conftest.py): the selected tests split into N interleaved parts, each run
+once, for a GPU suite longer than one call of a lent machine."""
+import os
+import re
+import subprocess
+import sys
+
+PROGRAM = '''
+import pytest
+
+@pytest.mark.parametrize("i", range(7))
+def test_case(i):
+    pass
+
+@pytest.mark.gpu
+def test_on_gpu():
+    pass
+'''
+
+
+def run(tmp_path, *options):
+    (tmp_path / "test_program.py").write_text(PROGRAM)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))  # conftest.py, loaded as a plugin
+    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "conftest",
+                           "-m", "not gpu", *options, "test_program.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_parts_run_every_selected_test_once(tmp_path):
+    ran = []
+    for index in range(3):
+        done = run(tmp_path, "--shard", f"{index}/3")
+        assert done.returncode == 0, done.stdout + done.stderr
+        ran += re.findall(r"test_program.py::(\S+) PASSED", done.stdout)
+    assert sorted(ran) == sorted(f"test_case[{i}]" for i in range(7))  # the gpu-marked test deselected first
+
+
+def test_a_malformed_shard_says_what_it_takes(tmp_path):
+    for shard, message in (("3/3", "0 <= I < N"), ("two", "takes I/N")):
+        done = run(tmp_path, "--shard", shard)
+        assert done.returncode != 0 and message in done.stdout + done.stderr
