@@ -11,9 +11,10 @@ For profiling a variant whose fused kernel is slower than expected: prints, for 
 hotter one runs at a lower clock), and the median of its CUDA-graph replays
 (``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
-read). ``--gluon`` adds the Gluon configurations (Hopper), each also checked against the
-tuner's pick (its largest difference relative to the output's largest value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16 query
-heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
+read). ``--gluon`` adds the Gluon configurations (Hopper). Each configuration's output is
+checked against the tuner's pick (its largest difference relative to the output's largest
+value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16
+query heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
 """
 from __future__ import annotations
 
