@@ -237,7 +237,7 @@ def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
 GLUON_VARIANTS = ["vanilla", "manual_softmax", "gqa_expand", "gqa_repeat_interleave", "alibi", "softcap", "causal",
                   "sliding_window", "prefix_lm", "block_causal", "dilated_window", "neighbourhood_2d",
                   "document_mask", "key_padding", "key_lengths", "additive_mask", "bshd", "scale_q_first",
-                  "evoformer_row"]
+                  "evoformer_row", "diff_attention_chunked"]
 # Head dims at which a variant's region qualifies, where not both: q scaled by 1/√d before the
 # matmul is folded into the scores only where that factor is a power of two (gluon.score_scale).
 GLUON_HEAD_DIMS = {"scale_q_first": (64,), "evoformer_row": (64,)}
@@ -258,10 +258,32 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
 
     variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[d], dtype, "cuda")
-    (region,) = fxflash.explain(variant.fn, *args).regions
-    assert region.fused and "warp_specialize" in region.gluon_source, region.steps
+    for region in fxflash.explain(variant.fn, *args).regions:  # diff_attention_chunked: two
+        assert region.fused and "warp_specialize" in region.gluon_source, region.steps
     with tuning.pinned(tile):
         assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("d,tile", [(64, GLUON_CONFIGS[64][0]), (64, GLUON_CONFIGS[64][3]), (128, GLUON_CONFIGS[128][0])],
+                         ids=lambda x: x if isinstance(x, int) else "x".join(map(str, x[1:])))
+def test_gluon_kernel_reads_heads_inside_long_rows_on_gpu(d, tile):
+    """The Evoformer's column attention: Q, K and V are [B, S, H, N_seq, D] views of
+    [B, N_seq, S, H, D] tensors, so TMA reads one row per sequence (S·H·D wide) with each
+    (residue, head) block at a column of it; 256 sequences make N a multiple of the key tile."""
+    from fxflash.codegen import tuning
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v, gate = (torch.randn(1, 256, 6, 2, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
+    mask = (torch.rand(1, 256, 6, generator=g) > 0.2).to(torch.bfloat16).cuda()
+    mask[:, 0] = 1
+    args = (q, k, v, mask, gate)
+    fn = VARIANTS["evoformer_col"].fn
+    (region,) = fxflash.explain(fn, *args).regions
+    assert "warp_specialize" in region.gluon_source, region.steps
+    with tuning.pinned(tile):
+        assert_accurate(fn, args, fxflash.optimize(fn)(*args))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
