@@ -1,12 +1,16 @@
 """The Gluon kernel (codegen/gluon.py) without a GPU: which regions get one and why others do
 not, what it prints, that it compiles for sm_90, and the launch-time checks. The kernels run
 in test_gpu.py (Hopper only: Triton's interpreter cannot run Gluon)."""
+import itertools
+import math
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import tuning
@@ -113,7 +117,7 @@ def test_rows_view_follows_tma_rules():
     col = evo.permute(0, 2, 3, 1, 4)  # Evoformer's column attention: rows are N_seq, 25 600 wide
     assert _rows_view_refusal(col, 64) is None and _rows_total(col) == 2 * 3
     halves = torch.empty(2 * 12800 + 64, dtype=torch.bfloat16).as_strided((2, 4, 100, 64), (12800, 32, 128, 1))
-    assert "reach past its end" in _rows_view_refusal(halves, 64)  # heads 32 apart: 3·32 + 64 > 128
+    assert "inside one row" in _rows_view_refusal(halves, 64)  # heads 32 apart: 3·32 + 64 > 128
     odd = torch.empty(4000, dtype=torch.bfloat16).as_strided((2, 10, 64), (136, 128, 1))
     assert "neither whole rows apart nor inside one row" in _rows_view_refusal(odd, 64)
     tail = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16)[:, :, :2].transpose(1, 2)  # the last row's end
@@ -122,6 +126,66 @@ def test_rows_view_follows_tma_rules():
     assert "outside its storage" in _rows_view_refusal(short, 64)
     assert "not contiguous" in _rows_view_refusal(q.transpose(-1, -2), 100)
     assert "16-byte aligned" in _rows_view_refusal(torch.empty(2, 4, 100, 68, dtype=torch.bfloat16)[..., :64], 64)
+
+
+def _permuted(data, d):
+    """A contiguous storage of 2–4 axes (sizes 1–4, the head dim last), its axes permuted with
+    D kept last, optionally sliced along one axis and given a broadcast (stride-0) axis."""
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+    base = torch.arange(math.prod(sizes) * d, dtype=torch.float32).view(*sizes, d).to(torch.bfloat16)
+    t = base.permute(*data.draw(st.permutations(range(len(sizes)))), len(sizes))
+    if data.draw(st.booleans()):
+        axis = data.draw(st.integers(0, len(sizes) - 1))
+        if t.shape[axis] > 1:
+            t = t.narrow(axis, data.draw(st.integers(0, t.shape[axis] - 1)), 1)
+    return t.unsqueeze(0).expand(2, *t.shape) if data.draw(st.booleans()) else t
+
+
+def _strided(data, d):
+    """Any strides: rows ``sr`` apart (a multiple of 8 elements, 16 bytes), batch axes at
+    multiples of sr or of 8 elements (inside a row, across rows, overlapping), over a storage
+    that ends at the view's last element or a little after it."""
+    sr = 8 * data.draw(st.integers(d // 8, 4 * d // 8))
+    batch = data.draw(st.lists(st.tuples(st.integers(1, 4), st.one_of(
+        st.integers(0, 4).map(lambda k: k * sr), st.integers(1, 3 * sr // 8).map(lambda k: 8 * k))),
+        min_size=1, max_size=2))
+    shape = [n for n, _ in batch] + [data.draw(st.integers(1, 3)), d]
+    strides = [st_ for _, st_ in batch] + [sr, 1]
+    last = sum((n - 1) * s for n, s in zip(shape, strides))
+    storage = torch.arange(last + 1 + data.draw(st.sampled_from([0, sr])), dtype=torch.float32).to(torch.bfloat16)
+    return storage.as_strided(shape, strides)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_every_batch_item_is_a_block_of_the_rows_matrix(data):
+    """Where _rows_view_refusal accepts a strided operand, the [R, sr] matrix that TMA reads
+    holds each batch item's [rows, D] block at row ``off // sr`` and column ``off % sr`` (off:
+    the item's element offset), as the kernel computes them; the layouts users write
+    (_permuted) are accepted unless their rows matrix would end past the storage."""
+    d = data.draw(st.sampled_from([8, 16]))
+    users = data.draw(st.booleans())
+    t = (_permuted if users else _strided)(data, d)
+    why = _rows_view_refusal(t, d)
+    if why is not None:  # a permuted layout only where a one-row axis has the largest stride
+        assert not users or "outside its storage" in why, (t.shape, t.stride(), why)
+        return
+    sr = t.stride(-2)
+    rows = t.as_strided((_rows_total(t), sr), (sr, 1), t.storage_offset())
+    for index in itertools.product(*(range(n) for n in t.shape[:-2])):
+        off = sum(i * st_ for i, st_ in zip(index, t.stride()))
+        block = rows[off // sr: off // sr + t.shape[-2], off % sr: off % sr + d]
+        assert torch.equal(block, t[index]), (t.shape, t.stride(), index)
+
+
+def test_heads_inside_a_row_are_accepted_in_the_layouts_users_write():
+    """[B, S, H, D] transposed to [B, H, S, D], GQA's expanded K of that layout, and the
+    Evoformer's row and column views: no refusal (the property test above checks the blocks)."""
+    bshd = torch.empty(2, 40, 4, 16, dtype=torch.bfloat16)
+    gqa_k = torch.empty(2, 40, 2, 16, dtype=torch.bfloat16).transpose(1, 2)[:, :, None].expand(2, 2, 2, 40, 16)
+    evo = torch.empty(1, 3, 40, 4, 16, dtype=torch.bfloat16)
+    for t in (bshd.transpose(1, 2), gqa_k, evo.transpose(-2, -3), evo.permute(0, 2, 3, 1, 4)):
+        assert _rows_view_refusal(t, 16) is None, (t.shape, t.stride())
 
 
 @needs_gluon

@@ -31,11 +31,10 @@ def _rows_view_refusal(t: torch.Tensor, d: int) -> str | None:
         return "an operand whose head dim is not contiguous"
     if (sr * t.element_size()) % 16 or t.data_ptr() % 16:
         return "an operand whose rows are not 16-byte aligned"
-    axes = [(n, st) for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1]
-    if any(st % sr and not 0 < st < sr for _, st in axes):
-        return "an operand with a batch axis neither whole rows apart nor inside one row"
-    if sum((n - 1) * st for n, st in axes if st % sr) + d > sr:
-        return "an operand whose heads inside one row reach past its end"
+    # the offsets of the axes that are not whole rows apart, and D, must fit in one row
+    inside = sum((n - 1) * st for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1 and st % sr)
+    if inside + d > sr:
+        return "an operand whose batch axes are neither whole rows apart nor inside one row"
     if _rows_total(t) >= INT32_ROWS:
         return "more than 2³¹ rows"
     storage = t.untyped_storage().nbytes() // t.element_size()
