@@ -56,7 +56,7 @@ from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
 from .emit import DVC, ROW, Value, _Printer
-from .printers import Unprintable
+from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
 
@@ -244,17 +244,9 @@ GLUON_SAME = {"where", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt
               "floor", "ceil", "load", "store", "cdiv", "min", "max", "sum", "float32", "float16", "bfloat16", "int1",
               "int8", "int16", "int32", "int64", "uint8"}
 L1D = "L1D"  # the module's one-dimensional layout (vectors over key tiles or rows)
-HELPERS = {
-    # printers.GPU_HELPERS' form: the special-function unit's exp2 and reciprocal
-    "_fx_sigmoid": """@gluon.jit
-def _fx_sigmoid(x):
-    e = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x.to(gl.float32) * -1.4426950408889634],
-                                  dtype=gl.float32, is_pure=True, pack=1)
-    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
-                                     dtype=gl.float32, is_pure=True, pack=1)
-""",
-    "_fx_tanh": "@gluon.jit\ndef _fx_tanh(x):\n    return libdevice.tanh(x.to(gl.float32))\n",
-}
+# The helper functions the printed lines may call: printers.GPU_HELPERS (libdevice's tanh, the
+# special-function unit's sigmoid) in Gluon's spelling — the same calls on gl's tensors.
+HELPERS = {name: src.replace("@triton.jit", "@gluon.jit").replace("tl.", "gl.") for name, src in GPU_HELPERS.items()}
 
 
 def to_gluon(line: str) -> str:
