@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant evoformer_row --batch 8 --head-dim 64
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant sliding_window --gqa --seqlen 4096
     PYTHONPATH=. python benchmarks/tile_sweep.py --variant evoformer_row --batch 8 --gluon
+    PYTHONPATH=. python benchmarks/tile_sweep.py --variant vanilla --seqlen 1024 --gluon-only
 
 For profiling a variant whose fused kernel is slower than expected: prints, for every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) in the autotuner's table and a few beyond it, the
@@ -11,7 +12,7 @@ For profiling a variant whose fused kernel is slower than expected: prints, for 
 hotter one runs at a lower clock), and the median of its CUDA-graph replays
 (``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
-read). ``--gluon`` adds the Gluon configurations (Hopper). Each configuration's output is
+read). ``--gluon`` adds the Gluon configurations (Hopper), ``--gluon-only`` times only those. Each configuration's output is
 checked against the tuner's pick (its largest difference relative to the output's largest
 value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16
 query heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
@@ -34,9 +35,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import SUITES, beyond_cases, case, medians, settled_ms  # noqa: E402
 
 EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)]
-# Gluon configurations beyond gluon.GLUON_CONFIGS (``--gluon``): 64-key tiles at head dim 64
+# Gluon configurations beyond gluon.GLUON_CONFIGS (``--gluon``): 64-key tiles at head dim 64,
+# persistent grids (dense regions only)
 GLUON_EXTRA = {64: [("gluon", 2, 64, 3, 0, 1), ("gluon", 1, 64, 3, 0, 2), ("gluon", 2, 64, 4, 0, 1),
-                    ("gluon", 3, 64, 3, 0, 1)], 128: []}
+                    ("gluon", 3, 64, 3, 0, 1), ("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 3, 128, 3, 1, 1, 1),
+                    ("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 2, 0, 2, 1),
+                    ("gluon", 1, 128, 3, 0, 2, 1)],
+               128: [("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 64, 3, 0, 2, 1), ("gluon", 2, 64, 3, 0, 1, 1)]}
 
 
 def add_case_options(parser) -> None:
@@ -67,13 +72,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_case_options(parser)
     parser.add_argument("--gluon", action="store_true", help="also time the Gluon configurations (Hopper)")
+    parser.add_argument("--gluon-only", action="store_true", help="time the Gluon configurations only")
     opts = parser.parse_args()
     fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fast = fxflash.optimize(fn)
     reference = fast(*args).float()
-    configs = emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
-    if opts.gluon:
+    configs = [] if opts.gluon_only else emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
+    if opts.gluon or opts.gluon_only:
         configs += [*GLUON_CONFIGS.get(fields["D"], ()), *GLUON_EXTRA.get(fields["D"], ())]
     for tile in configs:
         name = f"{tuning.describe(tile):<72}"

@@ -1,7 +1,7 @@
 """Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
-    python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM]
+    python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
 
 Prints the kernel's shared memory and, from this Triton's ptxas (``-v``), its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas)."""
@@ -27,7 +27,7 @@ from helpers import TRITON_TYPES as TYPES, analysed
 
 
 
-def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1):
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=d), dtype)
@@ -47,7 +47,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1):
     for spec, arg in zip(plan.args, kernel.arg_names[4:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
-    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas)
+    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent)
     maxnreg, regs = register_budget(consumers, ctas)
     constexprs = gluon_launch.constexprs(tile)  # the kernel's last arguments, in order (BoundGluonLaunch)
     assert list(kernel.arg_names[-len(constexprs):]) == list(constexprs), kernel.arg_names

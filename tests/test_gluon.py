@@ -94,6 +94,9 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("bshd", "float16", 128, (2, 128, 3, 0, 1), "0"),
     ("evoformer_row", "bfloat16", 64, (2, 128, 3, 0, 1), "0"),
     ("evoformer_row", "bfloat16", 64, (1, 128, 3, 0, 2), "0"),
+    ("vanilla", "bfloat16", 64, (3, 128, 3, 1, 1, 1), "0"),     # persistent grids
+    ("evoformer_row", "float16", 64, (1, 128, 2, 0, 2, 1), "0"),
+    ("softcap", "bfloat16", 128, (2, 128, 2, 0, 1, 1), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
@@ -218,6 +221,33 @@ def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
     assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS - 128]) == []
     monkeypatch.setattr(config, "gluon", False)
     assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == []
+
+
+@needs_gluon
+def test_a_persistent_grid_serves_regions_without_tile_masks(monkeypatch):
+    """A persistent configuration is refused where items differ in their key tiles (tile masks:
+    each CTA's walk would follow its own items' ranges, and the loader warp cannot classify
+    tiles); its grid is at most ``ctas`` CTAs per multiprocessor."""
+    from fxflash.codegen import gluon_launch
+    from fxflash.codegen.op import _REGISTRY
+
+    tile = ("gluon", 1, 128, 2, 0, 2, 1)
+    plans = {}
+    for name in ("vanilla", "evoformer_row", "causal", "document_mask"):
+        args = VARIANTS[name].inputs(SHAPE, torch.bfloat16)
+        fxflash.optimize(VARIANTS[name].fn)(*args)
+        plans[name] = (list(_REGISTRY.values())[-1].plan.gluon, list(args))
+    assert {name: gplan.dense for name, (gplan, _) in plans.items()} == \
+        {"vanilla": True, "evoformer_row": True, "causal": False, "document_mask": False}
+    for name in ("causal", "document_mask"):
+        assert "persistent grid" in gluon_launch.launch_refusal(*plans[name], [2, 4, 40, 256], tile)
+    assert "Hopper" in gluon_launch.launch_refusal(*plans["vanilla"], [2, 4, 40, 256], tile)
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
+    assert gluon_launch.grid(tile, [2, 4, 1000, 256]) == (6,)           # 128 items, 2 CTAs on each of 3 SMs
+    assert gluon_launch.grid(tile, [1, 1, 100, 256]) == (2,)            # fewer items than CTAs
+    assert gluon_launch.grid(tile[:-1], [2, 4, 1000, 256]) == (128,)   # one CTA per item
+    assert gluon_launch.constexprs(tile)["PERSISTENT"] == 1 and gluon_launch.constexprs(tile[:-1])["PERSISTENT"] == 0
+    assert tuning.describe(tile).endswith("2 CTAs per SM, persistent")
 
 
 @needs_gluon

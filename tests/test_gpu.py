@@ -264,6 +264,36 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
         assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
+# Persistent configurations (gluon.GluonTile.persistent) and the dense regions they serve.
+PERSISTENT_TILES = {64: [("gluon", 3, 128, 3, 1, 1, 1), ("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 128, 2, 0, 2, 1)],
+                    128: [("gluon", 2, 128, 2, 0, 1, 1)]}
+PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_mask", "bshd", "evoformer_row"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in PERSISTENT_VARIANTS for d, tiles in PERSISTENT_TILES.items()
+                                          for tile in tiles if d in GLUON_HEAD_DIMS.get(name, (64, 128))],
+                         ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
+def test_persistent_gluon_kernel_walks_items_on_gpu(name, d, tile, monkeypatch):
+    """A persistent grid of 3 SMs' worth of CTAs walks every work item (8–16 items here, so
+    each CTA several, its Q buffers and K/V ring reused across items) and keeps eager's
+    accuracy; the next call on the full GPU's grid gives the same result bit for bit."""
+    from fxflash.codegen import gluon_launch, tuning
+
+    variant = VARIANTS[name]
+    args = variant.inputs(GLUON_SHAPES[d], torch.bfloat16, "cuda")
+    fast = fxflash.optimize(variant.fn)
+    monkeypatch.setattr(fxflash.config, "bind_gluon_launches", False)  # each call computes its grid
+    multiprocessors = gluon_launch._multiprocessors
+    with tuning.pinned(tile):
+        monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
+        few = fast(*args)
+        monkeypatch.setattr(gluon_launch, "_multiprocessors", multiprocessors)
+        assert_accurate(variant.fn, args, few)
+        torch.testing.assert_close(fast(*args), few, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("d,tile", [(64, GLUON_CONFIGS[64][0]), (64, GLUON_CONFIGS[64][3]), (128, GLUON_CONFIGS[128][0])],

@@ -55,7 +55,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import DVC, ROW, Value, _Printer
+from .emit import DENSE_TILE_RANGE, DVC, ROW, Value, _Printer
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -87,6 +87,7 @@ class GluonTile(typing.NamedTuple):
     nbuf: int        # K/V tiles in flight (shared-memory ring)
     pingpong: int    # consumers take turns issuing their matrix products
     ctas: int        # CTAs per SM the register and shared-memory budgets are split for
+    persistent: int = 0  # CTAs·SMs CTAs walk the work items, Q double-buffered (dense regions)
 
 
 def is_gluon_tile(tile) -> bool:
@@ -98,9 +99,10 @@ def gluon_tile(tile) -> GluonTile:
 
 
 def shared_bytes(tile, d: int, elem: int = 2) -> int:
-    """Q tiles of every consumer plus ``NBUF`` K and V tiles, for one CTA."""
+    """Q tiles of every consumer (two sets on a persistent grid) plus ``NBUF`` K and V tiles,
+    for one CTA."""
     t = gluon_tile(tile)
-    return (t.consumers * ROWS_PER_CONSUMER * d + 2 * t.nbuf * t.block_n * d) * elem
+    return ((1 + t.persistent) * t.consumers * ROWS_PER_CONSUMER * d + 2 * t.nbuf * t.block_n * d) * elem
 
 
 LOADER_REGS = 24  # registers per thread of the loader's warp group
@@ -282,6 +284,7 @@ class GluonPlan:
     operands: tuple    # input indices of Q, K, V
     summaries: tuple
     d: int
+    dense: bool = False  # every item visits every key tile: the persistent grid's condition
 
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
@@ -330,7 +333,9 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     store = [to_gluon(line) for line in _output_store(pr)]
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
-    tile_range = [to_gluon(line) for line in pr.tile_range()]
+    tile_range = pr.tile_range()
+    dense = tuple(tile_range) == DENSE_TILE_RANGE
+    tile_range = [to_gluon(line) for line in tile_range]
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
     pr.loop = loop
@@ -339,7 +344,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype])
-    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D)
+    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, dense)
 
 
 # The consumer's store of its rows ``out`` (fp32, [64, D] in the wgmma layout) into a contiguous
@@ -391,13 +396,14 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
     full = "_score_full" in scores
-    common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, "
-              f"out_ptr, lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t, "
-              f"{'f_lo, f_hi, ' if full else ''}{sp}")
+    # a work item's values (_work): what the loader and the consumers need of it
+    work = f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
+    common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, "
+              f"turns, out_ptr, {work}, {', '.join(params)}")
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
-    mt = "n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "pid % n_mt"
+    mt = "n_mt - 1 - item % n_mt" if config.heavy_rows_first else "item % n_mt"
     body = "\n".join
     lines = [line for code, _ in scores.values() for line in code] + store
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
@@ -411,14 +417,15 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         return (f"if ({key_tile} >= f_lo) & ({key_tile} < f_hi):\n{indent}    x = _score_full{call}\n"
                 f"{indent}else:\n{indent}    x = _score{call}")
     consumers = "\n".join(
-        f"@gluon.jit\ndef _consumer{wg}({common}, PINGPONG: gl.constexpr):\n"
-        f"    _consumer({common}, {wg}, PINGPONG)\n" for wg in range(3))
+        f"@gluon.jit\ndef _consumer{wg}({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):\n"
+        f"    _consumer({common}, n_items, {wg}, PINGPONG, ROWS_P2)\n" for wg in range(3))
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
-        params=", ".join(params), score_fns=score_fns, first_score=score_call("lo_t", "    "),
+        params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "    "),
         loop_score=score_call("(lo_t + j)", "        "), k=repr(k),
-        item=body("    " + line for line in ["pid = gl.program_id(0)", "n_mt = gl.cdiv(M, BLOCK_M)",
-                                               f"mt = {mt}", "lin = pid // n_mt", "rest = lin", *unravel, *rows]),
+        item=body("    " + line for line in ["n_mt = gl.cdiv(M, BLOCK_M)", f"mt = {mt}", "lin = item // n_mt",
+                                               "rest = lin", *unravel, *rows]),
+        items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS, store=body("    " + line for line in store),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
@@ -467,19 +474,55 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _loader({common}, PINGPONG: gl.constexpr):
-    """One warp: the CTA's Q tiles, then K_j and V_j into ring buffer j mod NBUF once every
-    consumer has released it."""
+def _work(item, {params}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS_P2: gl.constexpr):
+    """Work item ``item`` (a batch index and a block of BLOCK_M rows) → its batch indices, each
+    operand's first row and column in its [R, sr] matrix, and its key tiles [lo_t, lo_t + n_t)."""
+{item}
+    q_row = q_row + mt * BLOCK_M
+{tile_range}
+    lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
+    n_t = gl.maximum(hi_t - lo_t, 1)
+    return {work}
+
+
+@gluon.jit
+def _loader({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
+    """One warp: the loads of the CTA's item (_load_item); on a persistent grid (two Q buffers),
+    of items pid, pid + grid, … in turn, each item's work computed here."""
     CONSUMERS: gl.constexpr = turns.type.shape[0]
+    if q_bufs.type.shape[0] == CONSUMERS:
+        _load_item({common}, 0, 0)
+    else:
+        BLOCK_M: gl.constexpr = CONSUMERS * q_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        t = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            {work} = _work(item, {params}, BLOCK_M, BLOCK_N, ROWS_P2)
+            _load_item({common}, t, it)
+            t += n_t
+            it += 1
+
+
+@gluon.jit
+def _load_item({common}, t, it):
+    """The CTA's it-th item: its Q tiles into Q buffer it mod QB once every consumer is done with
+    that buffer's previous item, then K_j and V_j into ring buffer (t + j) mod NBUF once every
+    consumer has released it (t: the key tiles of the CTA's earlier items)."""
+    CONSUMERS: gl.constexpr = turns.type.shape[0]
+    QB: gl.constexpr = q_bufs.type.shape[0] // CONSUMERS
     BM: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     NBUF: gl.constexpr = k_bufs.type.shape[0]
-    mbarrier.expect(q_ready.index(0), CONSUMERS * q_desc.block_type.nbytes)
+    qb = it % QB
+    if QB > 1:
+        mbarrier.wait(q_empty.index(qb), ((it // QB) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(qb), CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
-        {tma_load}(q_desc, [q_row + c * BM, q_col], q_ready.index(0), q_bufs.index(c))
+        {tma_load}(q_desc, [q_row + c * BM, q_col], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + c))
     for j in range(n_t):
-        idx = j % NBUF
-        mbarrier.wait(kv_empty.index(idx), ((j // NBUF) & 1) ^ 1)
+        idx = (t + j) % NBUF
+        mbarrier.wait(kv_empty.index(idx), (((t + j) // NBUF) & 1) ^ 1)
         key = (lo_t + j) * BLOCK_N
         mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)
         {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx))
@@ -488,10 +531,32 @@ def _loader({common}, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warp group, 64 query rows: S_(j+1) = Q·K_(j+1)ᵀ issued before O += P_j·V_j, the
-    online softmax of S_(j+1) under that product, O rescaled once it has landed."""
+def _consumer({common}, n_items, WG: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
+    """One warp group: its rows of the CTA's item (_consume_item), or of each item on a
+    persistent grid (as _loader walks them)."""
     CONSUMERS: gl.constexpr = turns.type.shape[0]
+    if q_bufs.type.shape[0] == CONSUMERS:
+        _consume_item({common}, 0, 0, WG, PINGPONG)
+    else:
+        BLOCK_M: gl.constexpr = CONSUMERS * q_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        t = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            {work} = _work(item, {params}, BLOCK_M, BLOCK_N, ROWS_P2)
+            _consume_item({common}, t, it, WG, PINGPONG)
+            t += n_t
+            it += 1
+
+
+@gluon.jit
+def _consume_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warp group, 64 query rows of the CTA's it-th item: S_(j+1) = Q·K_(j+1)ᵀ issued before
+    O += P_j·V_j, the online softmax of S_(j+1) under that product, O rescaled once it has
+    landed. Ring buffer (t + j) mod NBUF and ping-pong turn t + it + j count over the CTA's
+    items."""
+    CONSUMERS: gl.constexpr = turns.type.shape[0]
+    QB: gl.constexpr = q_bufs.type.shape[0] // CONSUMERS
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -505,13 +570,14 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     row0 = mt * (CONSUMERS * BM) + WG * BM
     rm = gl.expand_dims(row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
-    q = q_bufs.index(WG)
-    mbarrier.wait(q_ready.index(0), 0)
+    qb = it % QB
+    q = q_bufs.index(qb * CONSUMERS + WG)
+    mbarrier.wait(q_ready.index(qb), (it // QB) & 1)
     acc = gl.zeros([BM, D], gl.float32, o_layout)
 
-    mbarrier.wait(k_ready.index(0), 0)
-    _take_turn(turns, 0, WG, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(k_ready.index(t % NBUF), (t // NBUF) & 1)
+    _take_turn(turns, t + it, WG, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(t % NBUF).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s, ))
     {first_score}
@@ -521,12 +587,12 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
     l_sum = gl.sum(p, axis=1)
     p = p.to({dtype})
     for j in range(1, n_t):
-        idx = j % NBUF
-        prev = (j - 1) % NBUF
-        mbarrier.wait(k_ready.index(idx), (j // NBUF) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // NBUF) & 1)
+        idx = (t + j) % NBUF
+        prev = (t + j - 1) % NBUF
+        mbarrier.wait(k_ready.index(idx), ((t + j) // NBUF) & 1)
+        mbarrier.wait(v_ready.index(prev), ((t + j - 1) // NBUF) & 1)
         p_op = gl.convert_layout(p, p_layout)
-        _take_turn(turns, j, WG, PINGPONG)
+        _take_turn(turns, t + it + j, WG, PINGPONG)
         s_next = warpgroup_mma(q, k_bufs.index(idx).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
@@ -542,10 +608,12 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
         mbarrier.arrive(kv_empty.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    last = (n_t - 1) % NBUF
-    mbarrier.wait(v_ready.index(last), ((n_t - 1) // NBUF) & 1)
+    if QB > 1:
+        mbarrier.arrive(q_empty.index(qb), count=1)  # every Q·Kᵀ of this item has completed
+    last = (t + n_t - 1) % NBUF
+    mbarrier.wait(v_ready.index(last), ((t + n_t - 1) // NBUF) & 1)
     p_op = gl.convert_layout(p, p_layout)
-    _take_turn(turns, n_t, WG, PINGPONG)
+    _take_turn(turns, t + it + n_t, WG, PINGPONG)
     acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -563,34 +631,37 @@ def _consumer({common}, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
-           CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
-    """One CTA per (batch, block of 64·CONSUMERS rows): its key tiles [lo_t, lo_t + n_t), then
-    a loader warp and CONSUMERS warp groups. ROWS_P2: 64·CONSUMERS rounded up to a power of two."""
+           CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One CTA per work item (a batch index and a block of 64·CONSUMERS rows), or with
+    PERSISTENT fewer CTAs that walk the items (Q in two buffers: the next item's loads under this
+    one's epilogue); a loader warp and CONSUMERS warp groups. ROWS_P2: 64·CONSUMERS rounded up
+    to a power of two."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * BM
-{item}
-    q_row = q_row + mt * BLOCK_M
-{tile_range}
-    lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
-    n_t = gl.maximum(hi_t - lo_t, 1)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BM, D], q_desc.layout)
+    QB: gl.constexpr = 1 + PERSISTENT
+    {work} = _work(gl.program_id(0), {params}, BLOCK_M, BLOCK_N, ROWS_P2)
+    n_items = {items}
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [QB * CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready.index(0), count=1)
+    for i in gl.static_range(QB):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(NBUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(turns.index(i), count=1)
-    args = ({common}, PINGPONG)
+    args = ({common}, n_items, PINGPONG, ROWS_P2)
     if CONSUMERS == 1:
         gl.warp_specialize([(_consumer0, args), (_loader, args)], [1], [{loader_regs}])
     elif CONSUMERS == 2:

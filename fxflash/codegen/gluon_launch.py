@@ -51,6 +51,9 @@ def _rows_total(t: torch.Tensor) -> int:
 
 def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     """Why this launch cannot use the Gluon configuration ``tile``, or None."""
+    t = gluon_tile(tile)
+    if t.persistent and not gplan.dense:
+        return "a persistent grid needs every item to visit every key tile (the region has tile masks)"
     device = inputs[0].device
     if device.type != "cuda" or not _hopper(device.index):
         return "the Gluon kernel needs a Hopper GPU (sm_90)"
@@ -58,7 +61,6 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         why = _rows_view_refusal(inputs[i], gplan.d)
         if why:
             return why
-    t = gluon_tile(tile)
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
     if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size()) * t.ctas > SHARED_BYTES:
@@ -118,12 +120,22 @@ def constexprs(tile) -> dict:
     t = gluon_tile(tile)
     rows = t.consumers * ROWS_PER_CONSUMER
     return dict(CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=register_budget(t.consumers, t.ctas)[1],
-                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows))
+                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows), PERSISTENT=t.persistent)
 
 
-def grid(tile, frame) -> tuple:
-    """One CTA per (batch indices, block of CONSUMERS·64 rows)."""
-    return (triton.cdiv(frame[-2], gluon_tile(tile).consumers * ROWS_PER_CONSUMER) * math.prod(frame[:-2]),)
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid(tile, frame, device=None) -> tuple:
+    """One CTA per work item (batch indices, block of CONSUMERS·64 rows); on a persistent grid
+    at most ``ctas`` CTAs per multiprocessor of ``device``, each walking items pid, pid + grid, …"""
+    t = gluon_tile(tile)
+    items = triton.cdiv(frame[-2], t.consumers * ROWS_PER_CONSUMER) * math.prod(frame[:-2])
+    if t.persistent:
+        items = min(items, t.ctas * _multiprocessors(device.index if device is not None else None))
+    return (items,)
 
 
 def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list):
@@ -132,5 +144,5 @@ def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tenso
     kernel (launch.BoundGluonLaunch calls it directly)."""
     t = gluon_tile(tile)
     maxnreg, _ = register_budget(t.consumers, t.ctas)
-    return kernel[grid(tile, frame)](*descriptors(gplan, tile, inputs), out, *args, **constexprs(tile),
+    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs), out, *args, **constexprs(tile),
                                      num_warps=4, maxnreg=maxnreg)

@@ -192,7 +192,7 @@ class BoundGluonLaunch:
         runtime = 4 + len(launcher.plan.gluon.args)  # the Q/K/V descriptors, out_ptr, plan.args
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
             return None
-        grid = gluon_launch.grid(tile, frame)
+        grid = gluon_launch.grid(tile, frame, inputs[0].device)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
                    gluon_launch.shared_layouts(launcher.plan.gluon, tile, inputs))
 
