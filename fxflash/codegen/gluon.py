@@ -647,14 +647,18 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(QB):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=CONSUMERS)
+    if PERSISTENT:
+        q_empty = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(QB):
+            mbarrier.init(q_empty.index(i), count=CONSUMERS)
+    else:
+        q_empty = q_ready  # never waited on with one Q buffer
     for i in gl.static_range(NBUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
