@@ -12,9 +12,9 @@ For profiling a variant whose fused kernel is slower than expected: prints, for 
 hotter one runs at a lower clock), and the median of its CUDA-graph replays
 (``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
-read). ``--gluon`` adds the Gluon configurations (Hopper), ``--gluon-only`` times only those. Each configuration's output is
-checked against the tuner's pick (its largest difference relative to the output's largest
-value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16
+read). ``--gluon`` adds the Gluon configurations (Hopper), ``--gluon-only`` times only those.
+Each configuration's output is checked against the tuner's pick (its largest difference
+relative to the output's largest value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16
 query heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
 """
 from __future__ import annotations
@@ -29,19 +29,18 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash.codegen import emit, tuning  # noqa: E402
-from fxflash.codegen.gluon import GLUON_CONFIGS  # noqa: E402
+from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import SUITES, beyond_cases, case, medians, settled_ms  # noqa: E402
 
 EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)]
-# Gluon configurations beyond gluon.GLUON_CONFIGS (``--gluon``): 64-key tiles at head dim 64,
-# persistent grids (dense regions only)
+# Gluon configurations beyond gluon.GLUON_CONFIGS and PERSISTENT_CONFIGS (``--gluon``): 64-key
+# tiles at head dim 64, more persistent grids (regions without tile masks only)
 GLUON_EXTRA = {64: [("gluon", 2, 64, 3, 0, 1), ("gluon", 1, 64, 3, 0, 2), ("gluon", 2, 64, 4, 0, 1),
-                    ("gluon", 3, 64, 3, 0, 1), ("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 3, 128, 3, 1, 1, 1),
-                    ("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 2, 0, 2, 1),
-                    ("gluon", 1, 128, 3, 0, 2, 1)],
-               128: [("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 64, 3, 0, 2, 1), ("gluon", 2, 64, 3, 0, 1, 1)]}
+                    ("gluon", 3, 64, 3, 0, 1), ("gluon", 3, 128, 3, 1, 1, 1), ("gluon", 2, 128, 2, 0, 1, 1),
+                    ("gluon", 1, 128, 2, 0, 2, 1)],
+               128: [("gluon", 2, 64, 3, 0, 1, 1)]}
 
 
 def add_case_options(parser) -> None:
@@ -80,7 +79,8 @@ def main():
     reference = fast(*args).float()
     configs = [] if opts.gluon_only else emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
     if opts.gluon or opts.gluon_only:
-        configs += [*GLUON_CONFIGS.get(fields["D"], ()), *GLUON_EXTRA.get(fields["D"], ())]
+        configs += [*GLUON_CONFIGS.get(fields["D"], ()), *PERSISTENT_CONFIGS.get(fields["D"], ()),
+                    *GLUON_EXTRA.get(fields["D"], ())]
     for tile in configs:
         name = f"{tuning.describe(tile):<72}"
         try:

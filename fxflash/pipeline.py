@@ -40,9 +40,12 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
     if region is not None:
         from .codegen.gluon_launch import GLUON_MIN_KEYS
 
-        gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel on rows "
-                      f"of at least {GLUON_MIN_KEYS} keys"
-                      if plan.gluon is not None else f"Gluon kernel (Hopper): none, {plan.gluon_refusal}")
+        if plan.gluon is None:
+            gluon_line = f"Gluon kernel (Hopper): none, {plan.gluon_refusal}"
+        else:
+            gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel, one CTA "
+                          f"per item on rows of at least {GLUON_MIN_KEYS} keys"
+                          + (", on a persistent grid at every length" if plan.gluon.dense else ""))
         report.steps = list(region.steps) + [
             f"block sparsity: {why}" for why in plan.unclassified] + [gluon_line]
         report.transformations = transformations(analysis, region)

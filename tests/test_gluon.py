@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import tuning
-from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, SHARED_BYTES, gluon_api, gluon_tile, register_budget,
-                                   shared_bytes, to_gluon)
+from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, gluon_api, gluon_tile,
+                                   register_budget, shared_bytes, to_gluon)
 from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
@@ -51,7 +51,8 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
     assert all(text in source for text in printed), [t for t in printed if t not in source]
     assert "tl." not in source.replace("tl.PropagateNan", "").replace("import triton.language as tl", "")
     assert region.steps[-1].startswith("Gluon kernel (Hopper): printed")
-    assert region.steps[-1].endswith(f"on rows of at least {GLUON_MIN_KEYS} keys")
+    assert f"on rows of at least {GLUON_MIN_KEYS} keys" in region.steps[-1]
+    assert region.steps[-1].endswith("on a persistent grid at every length") == (name not in ("causal", "document_mask"))
 
 
 @needs_gluon
@@ -209,7 +210,7 @@ def test_gluon_configurations_are_offered_on_hopper_only():
 @needs_gluon
 def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
     """Every configuration that fits is offered from GLUON_MIN_KEYS keys up (a Hopper launch
-    stubbed), none below it or with ``config.gluon`` off."""
+    stubbed), only persistent ones below it, none with ``config.gluon`` off."""
     from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
@@ -217,8 +218,8 @@ def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
     fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
     gplan = list(_REGISTRY.values())[-1].plan.gluon
     monkeypatch.setattr(gluon_launch, "launch_refusal", lambda *a: None)
-    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == list(GLUON_CONFIGS[64])
-    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS - 128]) == []
+    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == [*GLUON_CONFIGS[64], *PERSISTENT_CONFIGS[64]]
+    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS - 128]) == list(PERSISTENT_CONFIGS[64])
     monkeypatch.setattr(config, "gluon", False)
     assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == []
 
@@ -262,8 +263,8 @@ def test_every_configuration_fits_its_share_of_an_sm():
     """Each configuration's CTAs per SM fit Hopper's registers and shared memory together, and
     the consumers keep at least the three-consumer kernel's 160 registers (no spills at 160,
     tests/gluon_compile.py)."""
-    for d, tiles in GLUON_CONFIGS.items():
-        for tile in tiles:
+    for d in GLUON_CONFIGS:
+        for tile in GLUON_CONFIGS[d] + PERSISTENT_CONFIGS[d]:
             t = gluon_tile(tile)
             maxnreg, regs = register_budget(t.consumers, t.ctas)
             assert t.ctas * maxnreg * (4 * t.consumers + 4) * 32 <= 65536, tile

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxflash
-from fxflash.codegen.gluon import GLUON_CONFIGS
+from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 from test_fused import FUSED_VARIANTS
@@ -264,9 +264,8 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
         assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
-# Persistent configurations (gluon.GluonTile.persistent) and the dense regions they serve.
-PERSISTENT_TILES = {64: [("gluon", 3, 128, 3, 1, 1, 1), ("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 128, 2, 0, 2, 1)],
-                    128: [("gluon", 2, 128, 2, 0, 1, 1)]}
+# Persistent configurations: the tuner's, and with ping-pong; the regions without tile masks.
+PERSISTENT_TILES = {64: [*PERSISTENT_CONFIGS[64], ("gluon", 3, 128, 3, 1, 1, 1)], 128: list(PERSISTENT_CONFIGS[128])}
 PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_mask", "bshd", "evoformer_row"]
 
 

@@ -9,7 +9,7 @@ import torch
 import triton
 
 from ..config import config
-from .gluon import (GLUON_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, gluon_tile, register_budget,
+from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, gluon_tile, register_budget,
                     shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
@@ -68,21 +68,23 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     return None
 
 
-# Rows shorter than this many keys get no Gluon configuration from the tuner (a pinned one still
-# runs): on the H200 the Triton kernel was faster than every Gluon configuration at 1024 keys
-# in every softmax variant of every suite run (benchmarks/NOTES.md) and at 256 keys in
-# the Evoformer (1.12 against 0.90 ms, gluon_evoformer_H200.log); each one costs its compile and
-# timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning). At 2048 keys it
-# already wins for vanilla and ALiBi (gluon_min_keys_2k_H200.log).
+# Rows shorter than this many keys get no one-CTA-per-item Gluon configuration from the tuner (a
+# pinned one still runs): on the H200 the Triton kernel was faster than every such configuration
+# at 1024 keys in every softmax variant of every suite run (benchmarks/NOTES.md) and at 256 keys
+# in the Evoformer (1.12 against 0.90 ms, gluon_evoformer_H200.log); each one costs its compile
+# and timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning). At 2048 keys it
+# already wins for vanilla and ALiBi (gluon_min_keys_2k_H200.log). Persistent configurations
+# (gluon.PERSISTENT_CONFIGS), which win on short rows, are offered at every length.
 GLUON_MIN_KEYS = 2048
 
 
 def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
-    """The Gluon configurations the tuner times for this launch: none with ``config.gluon`` off
-    or rows shorter than GLUON_MIN_KEYS."""
-    if gplan is None or not config.gluon or frame[-1] < GLUON_MIN_KEYS:
+    """The Gluon configurations the tuner times for this launch: none with ``config.gluon`` off,
+    only persistent ones on rows shorter than GLUON_MIN_KEYS, none that cannot run it."""
+    if gplan is None or not config.gluon:
         return []
-    return [tile for tile in GLUON_CONFIGS[gplan.d] if launch_refusal(gplan, inputs, frame, tile) is None]
+    tiles = (GLUON_CONFIGS[gplan.d] if frame[-1] >= GLUON_MIN_KEYS else ()) + PERSISTENT_CONFIGS[gplan.d]
+    return [tile for tile in tiles if launch_refusal(gplan, inputs, frame, tile) is None]
 
 
 def _blocks(gplan: GluonPlan, tile) -> tuple:
