@@ -52,7 +52,7 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
     assert "tl." not in source.replace("tl.PropagateNan", "").replace("import triton.language as tl", "")
     assert region.steps[-1].startswith("Gluon kernel (Hopper): printed")
     assert f"on rows of at least {GLUON_MIN_KEYS} keys" in region.steps[-1]
-    assert region.steps[-1].endswith("on a persistent grid at every length") == (name not in ("causal", "document_mask"))
+    assert region.steps[-1].endswith("on a persistent grid on shorter rows") == (name not in ("causal", "document_mask"))
 
 
 @needs_gluon
@@ -208,9 +208,9 @@ def test_gluon_configurations_are_offered_on_hopper_only():
 
 
 @needs_gluon
-def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
-    """Every configuration that fits is offered from GLUON_MIN_KEYS keys up (a Hopper launch
-    stubbed), only persistent ones below it, none with ``config.gluon`` off."""
+def test_the_tuner_times_one_cta_per_item_on_long_rows_and_persistent_grids_on_short_ones(monkeypatch):
+    """One-CTA-per-item configurations are offered from GLUON_MIN_KEYS keys up, persistent ones
+    below (a Hopper launch stubbed), none with ``config.gluon`` off."""
     from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
@@ -218,7 +218,7 @@ def test_the_tuner_times_gluon_configurations_on_long_rows_only(monkeypatch):
     fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
     gplan = list(_REGISTRY.values())[-1].plan.gluon
     monkeypatch.setattr(gluon_launch, "launch_refusal", lambda *a: None)
-    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == [*GLUON_CONFIGS[64], *PERSISTENT_CONFIGS[64]]
+    assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == list(GLUON_CONFIGS[64])
     assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS - 128]) == list(PERSISTENT_CONFIGS[64])
     monkeypatch.setattr(config, "gluon", False)
     assert candidates(gplan, list(args), [2, 4, 40, GLUON_MIN_KEYS]) == []

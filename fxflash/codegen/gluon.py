@@ -79,10 +79,9 @@ GLUON_CONFIGS = {
           ("gluon", 1, 64, 3, 0, 2)),
 }
 # Persistent configurations (the last field): fewer CTAs walk the work items, one item's loads
-# under the previous one's epilogue; regions without tile masks only (GluonPlan.dense). On the
-# H200 they beat one CTA per item and the Triton kernel on short rows (seventeenth session:
-# vanilla at 1k keys 0.178–0.181 ms against Triton's 0.188, the Evoformer's 256 keys
-# 0.841 against 0.892).
+# under the previous one's epilogue; regions without tile masks only (GluonPlan.dense). Timed by
+# the tuner on short rows (gluon_launch.GLUON_MIN_KEYS), where they beat the Triton kernel on the
+# H200: vanilla at 1k keys 0.176–0.181 ms against 0.188, the Evoformer's 256 keys 0.841 against 0.892.
 PERSISTENT_CONFIGS = {
     64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 3, 0, 2, 1)),
     128: (("gluon", 2, 128, 2, 0, 1, 1),),

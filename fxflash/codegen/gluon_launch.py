@@ -68,22 +68,24 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     return None
 
 
-# Rows shorter than this many keys get no one-CTA-per-item Gluon configuration from the tuner (a
-# pinned one still runs): on the H200 the Triton kernel was faster than every such configuration
-# at 1024 keys in every softmax variant of every suite run (benchmarks/NOTES.md) and at 256 keys
-# in the Evoformer (1.12 against 0.90 ms, gluon_evoformer_H200.log); each one costs its compile
-# and timing in the first call (5.5–6.0 → 7.9–9.4 s of the Evoformer's tuning). At 2048 keys it
-# already wins for vanilla and ALiBi (gluon_min_keys_2k_H200.log). Persistent configurations
-# (gluon.PERSISTENT_CONFIGS), which win on short rows, are offered at every length.
+# The tuner offers one-CTA-per-item Gluon configurations (gluon.GLUON_CONFIGS) on rows of at least
+# this many keys and persistent ones (gluon.PERSISTENT_CONFIGS) on shorter rows; a pinned
+# configuration runs at any length. On the H200 (benchmarks/NOTES.md): below it the Triton kernel
+# beat every one-CTA-per-item configuration in every suite run (1024 keys; the Evoformer's 256:
+# 1.12 against 0.90 ms) while the persistent grid beat both (vanilla 1k 0.176 against 0.188,
+# Evoformer 0.841–0.858 against 0.892); from 2048 keys one CTA per item wins (vanilla and ALiBi,
+# gluon_min_keys_2k_H200.log) and the persistent grid trails it (ALiBi 16k 2.643 against 2.578 ms
+# with ping-pong; persistent_grid_H200.log).
 GLUON_MIN_KEYS = 2048
 
 
 def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
     """The Gluon configurations the tuner times for this launch: none with ``config.gluon`` off,
-    only persistent ones on rows shorter than GLUON_MIN_KEYS, none that cannot run it."""
+    persistent ones on rows shorter than GLUON_MIN_KEYS, one CTA per item on longer ones, none
+    that cannot run it."""
     if gplan is None or not config.gluon:
         return []
-    tiles = (GLUON_CONFIGS[gplan.d] if frame[-1] >= GLUON_MIN_KEYS else ()) + PERSISTENT_CONFIGS[gplan.d]
+    tiles = GLUON_CONFIGS[gplan.d] if frame[-1] >= GLUON_MIN_KEYS else PERSISTENT_CONFIGS[gplan.d]
     return [tile for tile in tiles if launch_refusal(gplan, inputs, frame, tile) is None]
 
 
