@@ -317,15 +317,19 @@ def test_gluon_kernel_reads_heads_inside_long_rows_on_gpu(d, tile):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
-def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(monkeypatch):
-    """The second call of a layout whose tile is a Gluon configuration is a BoundGluonLaunch
-    (no tuner lookup, no launch checks) and gives the first call's result bit for bit."""
-    from fxflash.codegen import launch
+@pytest.mark.parametrize("name,tile", [("causal", GLUON_CONFIGS[64][0]), ("vanilla", PERSISTENT_CONFIGS[64][0])],
+                         ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x[1:])))
+def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, tile, monkeypatch):
+    """The second call of a layout whose tile is a Gluon configuration (one CTA per item, or a
+    persistent grid) is a BoundGluonLaunch (no tuner lookup, no launch checks) and gives the
+    first call's result bit for bit (a persistent grid of 3 SMs' worth of CTAs: they walk items)."""
+    from fxflash.codegen import gluon_launch, launch
     from fxflash.codegen.op import _REGISTRY
 
     monkeypatch.setattr(fxflash.config, "bind_gluon_launches", True)
-    monkeypatch.setattr(launch, "tile_for", lambda plan, inputs, frame, run: GLUON_CONFIGS[64][0])
-    variant = VARIANTS["causal"]
+    monkeypatch.setattr(launch, "tile_for", lambda plan, inputs, frame, run: tile)
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
+    variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[64], torch.bfloat16, "cuda")
     fast = fxflash.optimize(variant.fn)
     first = fast(*args)

@@ -17,7 +17,11 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
   indices, tensor inputs loaded at their strides;
 * the key tiles a mask empties are never loaded: the tile range ``[lo_t, hi_t)`` comes from
   the same interval tests as emit's (``tile_range``), computed once per CTA before the
-  warps split, and every visited tile evaluates the masks.
+  warps split (``_work``), and every visited tile evaluates the masks;
+* on a persistent grid (``PERSISTENT_CONFIGS``, regions without tile masks) fewer CTAs walk the
+  work items: the loader and each consumer compute every item's ``_work`` themselves, Q has two
+  buffers (``q_empty`` releases one once its item's last ``Q·Kᵀ`` has completed), and the K/V
+  ring index and ping-pong turn count over the CTA's items.
 
 The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x = c·x'`` the
 score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
@@ -95,7 +99,7 @@ class GluonTile(typing.NamedTuple):
     nbuf: int        # K/V tiles in flight (shared-memory ring)
     pingpong: int    # consumers take turns issuing their matrix products
     ctas: int        # CTAs per SM the register and shared-memory budgets are split for
-    persistent: int = 0  # CTAs·SMs CTAs walk the work items, Q double-buffered (dense regions)
+    persistent: int = 0  # ``ctas`` CTAs per SM walk the work items, Q in two buffers (PERSISTENT_CONFIGS)
 
 
 def is_gluon_tile(tile) -> bool:

@@ -9,8 +9,8 @@ import torch
 import triton
 
 from ..config import config
-from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, gluon_tile, register_budget,
-                    shared_bytes)
+from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, gluon_tile,
+                    register_budget, shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
 
@@ -149,4 +149,4 @@ def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tenso
     t = gluon_tile(tile)
     maxnreg, _ = register_budget(t.consumers, t.ctas)
     return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs), out, *args, **constexprs(tile),
-                                     num_warps=4, maxnreg=maxnreg)
+                                                  num_warps=4, maxnreg=maxnreg)
