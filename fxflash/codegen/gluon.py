@@ -430,7 +430,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                 f"{indent}else:\n{indent}    x = _score{call}")
     consumers = "\n".join(
         f"@gluon.jit\ndef _consumer{wg}({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):\n"
-        f"    _consumer({common}, n_items, {wg}, PINGPONG, ROWS_P2)\n" for wg in range(3))
+        f"    _walk({common}, n_items, _consume_item, {wg}, PINGPONG, ROWS_P2)\n" for wg in range(3))
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
         params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "    "),
@@ -498,12 +498,13 @@ def _work(item, {params}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS_P2:
 
 
 @gluon.jit
-def _loader({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
-    """One warp: the loads of the CTA's item (_load_item); on a persistent grid (two Q buffers),
-    of items pid, pid + grid, … in turn, each item's work computed here."""
+def _walk({common}, n_items, STEP: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+          ROWS_P2: gl.constexpr):
+    """One role's part (STEP: _load_item or _consume_item) of the CTA's item, or on a persistent
+    grid (two Q buffers) of items pid, pid + grid, … in turn, each item's work computed here."""
     CONSUMERS: gl.constexpr = turns.type.shape[0]
     if q_bufs.type.shape[0] == CONSUMERS:
-        _load_item({common}, 0, 0)
+        STEP({common}, 0, 0, WG, PINGPONG)
     else:
         BLOCK_M: gl.constexpr = CONSUMERS * q_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -511,13 +512,19 @@ def _loader({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
             {work} = _work(item, {params}, BLOCK_M, BLOCK_N, ROWS_P2)
-            _load_item({common}, t, it)
+            STEP({common}, t, it, WG, PINGPONG)
             t += n_t
             it += 1
 
 
 @gluon.jit
-def _load_item({common}, t, it):
+def _loader({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
+    """One warp: the loads (_load_item)."""
+    _walk({common}, n_items, _load_item, 0, PINGPONG, ROWS_P2)
+
+
+@gluon.jit
+def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """The CTA's it-th item: its Q tiles into Q buffer it mod QB once every consumer is done with
     that buffer's previous item, then K_j and V_j into ring buffer (t + j) mod NBUF once every
     consumer has released it (t: the key tiles of the CTA's earlier items)."""
@@ -543,27 +550,8 @@ def _load_item({common}, t, it):
 
 
 @gluon.jit
-def _consumer({common}, n_items, WG: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):
-    """One warp group: its rows of the CTA's item (_consume_item), or of each item on a
-    persistent grid (as _loader walks them)."""
-    CONSUMERS: gl.constexpr = turns.type.shape[0]
-    if q_bufs.type.shape[0] == CONSUMERS:
-        _consume_item({common}, 0, 0, WG, PINGPONG)
-    else:
-        BLOCK_M: gl.constexpr = CONSUMERS * q_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-        t = 0
-        it = 0
-        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            {work} = _work(item, {params}, BLOCK_M, BLOCK_N, ROWS_P2)
-            _consume_item({common}, t, it, WG, PINGPONG)
-            t += n_t
-            it += 1
-
-
-@gluon.jit
 def _consume_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warp group, 64 query rows of the CTA's it-th item: S_(j+1) = Q·K_(j+1)ᵀ issued before
+    """One warp group (consumer WG), 64 query rows of the CTA's it-th item: S_(j+1) = Q·K_(j+1)ᵀ issued before
     O += P_j·V_j, the online softmax of S_(j+1) under that product, O rescaled once it has
     landed. Ring buffer (t + j) mod NBUF and ping-pong turn t + it + j count over the CTA's
     items."""
