@@ -14,8 +14,9 @@ hotter one runs at a lower clock), and the median of its CUDA-graph replays
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
 read). ``--gluon`` adds the Gluon configurations (Hopper), ``--gluon-only`` times only those.
 Each configuration's output is checked against the tuner's pick (its largest difference
-relative to the output's largest value). Softmax-suite variants (vanilla … document_mask) take the suite's shapes: bf16, 16
-query heads (2 KV heads with ``--gqa``), head dim 64, batch × seqlen = 16k tokens.
+relative to the output's largest value). Softmax-suite variants (vanilla … document_mask) take
+the suite's shapes: bf16, 16 query heads (2 KV heads with ``--gqa``), head dim 64, batch ×
+seqlen = 16k tokens.
 """
 from __future__ import annotations
 

@@ -265,17 +265,19 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
 
 
 # Persistent configurations: the tuner's, and with ping-pong; the regions without tile masks.
-PERSISTENT_TILES = {64: [*PERSISTENT_CONFIGS[64], ("gluon", 3, 128, 3, 1, 1, 1)], 128: list(PERSISTENT_CONFIGS[128])}
+PERSISTENT_TILES = {64: [*PERSISTENT_CONFIGS[64], ("gluon", 3, 128, 3, 1, 1, 1)],
+                    128: list(PERSISTENT_CONFIGS[128])}
 PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_mask", "bshd", "evoformer_row"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in PERSISTENT_VARIANTS for d, tiles in PERSISTENT_TILES.items()
-                                          for tile in tiles if d in GLUON_HEAD_DIMS.get(name, (64, 128))],
+@pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in PERSISTENT_VARIANTS
+                                          for d, tiles in PERSISTENT_TILES.items() for tile in tiles
+                                          if d in GLUON_HEAD_DIMS.get(name, (64, 128))],
                          ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
 def test_persistent_gluon_kernel_walks_items_on_gpu(name, d, tile, monkeypatch):
-    """A persistent grid of 3 SMs' worth of CTAs walks every work item (8–16 items here, so
+    """A persistent grid of 3 SMs' worth of CTAs walks every work item (8 or more here, so
     each CTA several, its Q buffers and K/V ring reused across items) and keeps eager's
     accuracy; the next call on the full GPU's grid gives the same result bit for bit."""
     from fxflash.codegen import gluon_launch, tuning
