@@ -1,6 +1,6 @@
 """Hardware-counter profiles (Nsight Compute) of fxflash's kernels beside the systems they race.
 
-    PYTHONPATH=. python benchmarks/profile_ncu.py --out-dir DIR [--cases vanilla:fxflash …]
+    PYTHONPATH=. python benchmarks/profile_ncu.py --out-dir DIR [--cases vanilla:fxflash …] [--pin gluon,2,128,3,0,1,1]
     python benchmarks/profile_ncu.py --summarize DIR > summary.md
 
 The first form runs, for each ``case:system``, one process under ``ncu --set full
@@ -53,18 +53,25 @@ def calls_for(case: str, seqlen: int):
                                *bench.flex_api())
 
 
-def profile_target(case: str, system: str, seqlen: int) -> None:
-    """Warm the call (compile, tune), then run it once inside the profiler's range."""
+def profile_target(case: str, system: str, seqlen: int, pin: str | None = None) -> None:
+    """Warm the call (compile, tune), then run it once inside the profiler's range; ``pin``: a
+    tile configuration (``gluon,2,128,3,0,1,1`` or ``64,64,4,3``) fxflash runs instead of the
+    tuner's pick (timings under ncu's injection can change what the tuner keeps)."""
+    import contextlib
+
     import torch
+    from fxflash.codegen import tuning
 
     call = calls_for(case, seqlen)[system]
-    for _ in range(3):
+    tile = tuple(int(x) if x.isdigit() else x for x in pin.split(",")) if pin else None
+    with tuning.pinned(tile) if tile else contextlib.nullcontext():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
         call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
 
 
 def ncu_binary() -> str:
@@ -76,7 +83,7 @@ def ncu_binary() -> str:
     return found
 
 
-def profile_all(cases, seqlen: int, out_dir: str) -> None:
+def profile_all(cases, seqlen: int, out_dir: str, pin: str | None = None) -> None:
     ncu = ncu_binary()
     os.makedirs(out_dir, exist_ok=True)
     for item in cases:
@@ -84,7 +91,8 @@ def profile_all(cases, seqlen: int, out_dir: str) -> None:
         length = int(length[0]) if length else seqlen
         name = f"{case}_{length}_{system}"
         report = os.path.join(out_dir, name)
-        target = [sys.executable, os.path.abspath(__file__), "--target", f"{case}:{system}", "--seqlen", str(length)]
+        target = [sys.executable, os.path.abspath(__file__), "--target", f"{case}:{system}", "--seqlen", str(length),
+                  *(["--pin", pin] if pin and system == "fxflash" else [])]
         run = subprocess.run([ncu, "--profile-from-start", "off", "--clock-control", "none", "--set", "full",
                               "--import-source", "no", "-f", "-o", report] + target,
                              capture_output=True, text=True)
@@ -213,13 +221,14 @@ def main():
     parser.add_argument("--out-dir")
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--summarize", metavar="DIR")
+    parser.add_argument("--pin", help="fxflash's tile configuration, comma-separated (default: the tuner's)")
     opts = parser.parse_args()
     if opts.target:
-        profile_target(*opts.target.split(":"), opts.seqlen)
+        profile_target(*opts.target.split(":"), opts.seqlen, opts.pin)
     elif opts.summarize:
         print(summarize(opts.summarize))
     elif opts.out_dir:
-        profile_all(opts.cases, opts.seqlen, opts.out_dir)
+        profile_all(opts.cases, opts.seqlen, opts.out_dir, opts.pin)
     else:
         parser.error("give --out-dir (profile) or --summarize DIR")
 
