@@ -36,7 +36,6 @@ aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
 DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
 KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
-DENSE_TILE_RANGE = ("lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)")  # tile_range without tile masks: every tile
 # The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
 # E(-inf − (−FLT_MAX)) = 0 where E(-inf − (−inf)) would be NaN. A finite m is unchanged (every
@@ -852,7 +851,7 @@ class _Printer:
         mask. ``f_lo == f_hi`` when the full tiles are not one contiguous run."""
         tests = self.tile_tests()
         if tests is None:
-            return list(DENSE_TILE_RANGE)
+            return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
         lines, empty, full = tests
         row_part, key_part = _split_invariant(lines, ("n_lo", "n_hi", KEY_TILES))
         self.full_proved = full is not None

@@ -59,7 +59,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import DENSE_TILE_RANGE, DVC, ROW, Value, _Printer
+from .emit import DVC, ROW, Value, _Printer
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -296,7 +296,7 @@ class GluonPlan:
     operands: tuple    # input indices of Q, K, V
     summaries: tuple
     d: int
-    dense: bool = False  # every item visits every key tile: the persistent grid's condition
+    dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
 
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
@@ -345,9 +345,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     store = [to_gluon(line) for line in _output_store(pr)]
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
-    tile_range = pr.tile_range()
-    dense = tuple(tile_range) == DENSE_TILE_RANGE
-    tile_range = [to_gluon(line) for line in tile_range]
+    tile_range = [to_gluon(line) for line in pr.tile_range()]
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
     pr.loop = loop
@@ -356,7 +354,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype])
-    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, dense)
+    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D,
+                     dense=not pr.skips_tiles)
 
 
 # The consumer's store of its rows ``out`` (fp32, [64, D] in the wgmma layout) into a contiguous
@@ -551,10 +550,10 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _consume_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warp group (consumer WG), 64 query rows of the CTA's it-th item: S_(j+1) = Q·K_(j+1)ᵀ issued before
-    O += P_j·V_j, the online softmax of S_(j+1) under that product, O rescaled once it has
-    landed. Ring buffer (t + j) mod NBUF and ping-pong turn t + it + j count over the CTA's
-    items."""
+    """One warp group (consumer WG), 64 query rows of the CTA's it-th item: S_(j+1) = Q·K_(j+1)ᵀ
+    issued before O += P_j·V_j, the online softmax of S_(j+1) under that product, O rescaled once
+    it has landed. Ring buffer (t + j) mod NBUF and ping-pong turn t + it + j count over the
+    CTA's items."""
     CONSUMERS: gl.constexpr = turns.type.shape[0]
     QB: gl.constexpr = q_bufs.type.shape[0] // CONSUMERS
     BM: gl.constexpr = q_desc.block_type.shape[0]
