@@ -229,7 +229,8 @@ def test_the_tuner_times_one_cta_per_item_on_long_rows_and_persistent_grids_on_s
 def test_a_persistent_grid_serves_regions_without_tile_masks(monkeypatch):
     """A persistent configuration is refused where items differ in their key tiles (tile masks:
     each CTA's walk would follow its own items' ranges, and the loader warp cannot classify
-    tiles); its grid is at most ``ctas`` CTAs per multiprocessor."""
+    tiles); its grid is at most ``ctas`` CTAs per multiprocessor, coprime with the row blocks
+    where the last one leaves a consumer idle."""
     from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
@@ -248,6 +249,12 @@ def test_a_persistent_grid_serves_regions_without_tile_masks(monkeypatch):
     assert gluon_launch.grid(tile, [2, 4, 1000, 256]) == (6,)           # 128 items, 2 CTAs on each of 3 SMs
     assert gluon_launch.grid(tile, [1, 1, 100, 256]) == (2,)            # fewer items than CTAs
     assert gluon_launch.grid(tile[:-1], [2, 4, 1000, 256]) == (128,)   # one CTA per item
+    # three consumers (192 rows): 1024 rows end in a block of 64 where two consumers idle, so
+    # the grid is coprime with the 6 row blocks (5 CTAs, not 6); 960 rows end in a full block
+    three = ("gluon", 3, 128, 3, 0, 2, 1)
+    assert gluon_launch.grid(three, [4, 1024, 256]) == (5,)
+    assert gluon_launch.grid(three, [4, 960, 256]) == (6,)
+    assert gluon_launch.grid(three, [4, 1100, 256]) == (6,)             # the last block's 140 rows: none idles
     assert gluon_launch.constexprs(tile)["PERSISTENT"] == 1 and gluon_launch.constexprs(tile[:-1])["PERSISTENT"] == 0
     assert tuning.describe(tile).endswith("2 CTAs per SM, persistent")
 

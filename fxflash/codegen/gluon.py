@@ -21,7 +21,10 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 * on a persistent grid (``PERSISTENT_CONFIGS``, regions without tile masks) fewer CTAs walk the
   work items: the loader and each consumer compute every item's ``_work`` themselves, Q has two
   buffers (``q_empty`` releases one once its item's last ``Q·Kᵀ`` has completed), and the K/V
-  ring index and ping-pong turn count over the CTA's items.
+  ring index and ping-pong turn count over the CTA's items. A consumer whose 64 rows all lie
+  past M (the last row block of 1024 rows with 3 consumers) only takes its share of the item's
+  barriers (``_pass``); the grid is then coprime with the row blocks so that every CTA gets
+  its share of such light items.
 
 The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x = c·x'`` the
 score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
@@ -550,6 +553,42 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _consume_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer WG's part of the CTA's it-th item (_attend), or on a persistent grid where none
+    of its 64 rows is below M, only its share of the item's barriers (_pass; gluon_launch.grid
+    spreads such items over the CTAs)."""
+    CONSUMERS: gl.constexpr = turns.type.shape[0]
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    if (CONSUMERS > 1) and (q_bufs.type.shape[0] > CONSUMERS):
+        if mt * (CONSUMERS * BM) + WG * BM < M:
+            _attend({common}, t, it, WG, PINGPONG)
+        else:
+            _pass({common}, t, it, WG, PINGPONG)
+    else:
+        _attend({common}, t, it, WG, PINGPONG)
+
+
+@gluon.jit
+def _pass({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """A consumer without rows in the item: waits for each of its buffers to be loaded (so that
+    no release runs ahead of a load), releases it and takes its ping-pong turns."""
+    QB: gl.constexpr = q_bufs.type.shape[0] // turns.type.shape[0]
+    NBUF: gl.constexpr = k_bufs.type.shape[0]
+    qb = it % QB
+    mbarrier.wait(q_ready.index(qb), (it // QB) & 1)
+    mbarrier.arrive(q_empty.index(qb), count=1)
+    for j in range(n_t):
+        idx = (t + j) % NBUF
+        mbarrier.wait(k_ready.index(idx), ((t + j) // NBUF) & 1)
+        mbarrier.wait(v_ready.index(idx), ((t + j) // NBUF) & 1)
+        _take_turn(turns, t + it + j, WG, PINGPONG)
+        _pass_turn(turns, WG, PINGPONG)
+        mbarrier.arrive(kv_empty.index(idx), count=1)
+    _take_turn(turns, t + it + n_t, WG, PINGPONG)
+    _pass_turn(turns, WG, PINGPONG)
+
+
+@gluon.jit
+def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """One warp group (consumer WG), 64 query rows of the CTA's it-th item: S_(j+1) = Q·K_(j+1)ᵀ
     issued before O += P_j·V_j, the online softmax of S_(j+1) under that product, O rescaled once
     it has landed. Ring buffer (t + j) mod NBUF and ping-pong turn t + it + j count over the

@@ -134,12 +134,21 @@ def _multiprocessors(index) -> int:
 
 def grid(tile, frame, device=None) -> tuple:
     """One CTA per work item (batch indices, block of CONSUMERS·64 rows); on a persistent grid
-    at most ``ctas`` CTAs per multiprocessor of ``device``, each walking items pid, pid + grid, …"""
+    at most ``ctas`` CTAs per multiprocessor of ``device``, each walking items pid, pid + grid, …
+    Where the last row block leaves a consumer without rows (its items are lighter), the grid
+    and the number of row blocks are coprime, so that each CTA's items cycle through the row
+    blocks and every CTA gets its share of light items."""
     t = gluon_tile(tile)
-    items = triton.cdiv(frame[-2], t.consumers * ROWS_PER_CONSUMER) * math.prod(frame[:-2])
-    if t.persistent:
-        items = min(items, t.ctas * _multiprocessors(device.index if device is not None else None))
-    return (items,)
+    rows = t.consumers * ROWS_PER_CONSUMER
+    blocks = triton.cdiv(frame[-2], rows)
+    items = blocks * math.prod(frame[:-2])
+    if not t.persistent:
+        return (items,)
+    size = min(items, t.ctas * _multiprocessors(device.index if device is not None else None))
+    if 0 < frame[-2] % rows <= rows - ROWS_PER_CONSUMER:  # a consumer idles in the last block
+        while math.gcd(size, blocks) > 1:
+            size -= 1
+    return (size,)
 
 
 def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list):
