@@ -40,7 +40,8 @@ EXTRA_CONFIGS = [(64, 256, 4, 1), (128, 256, 8, 1), (64, 32, 4, 2), (32, 64, 4, 
 # tiles at head dim 64, more persistent grids (regions without tile masks only)
 GLUON_EXTRA = {64: [("gluon", 2, 64, 3, 0, 1), ("gluon", 1, 64, 3, 0, 2), ("gluon", 2, 64, 4, 0, 1),
                     ("gluon", 3, 64, 3, 0, 1), ("gluon", 3, 128, 3, 1, 1, 1), ("gluon", 2, 128, 2, 0, 1, 1),
-                    ("gluon", 1, 128, 2, 0, 2, 1)],
+                    ("gluon", 1, 128, 2, 0, 2, 1), ("gluon", 3, 128, 4, 0, 1, 1), ("gluon", 2, 128, 4, 0, 1, 1),
+                    ("gluon", 3, 64, 4, 0, 1, 1)],
                128: [("gluon", 2, 64, 3, 0, 1, 1)]}
 
 
