@@ -149,6 +149,33 @@ def test_pinned_tiles_and_forgotten_choices_launch_through_the_jit(recorded):
     assert kernel.calls[1][3]["BLOCK_M"] == 32
 
 
+def test_the_tuner_times_bound_launches_after_each_tiles_first(recorded, monkeypatch):
+    """Each tile the tuner times is launched through the JIT once, then bound, as a layout's
+    later calls run (the JIT's host time would be timed with a short kernel); the kept tile's
+    final launch and the next call are bound launches of that tile."""
+    fast, args, kernel = recorded
+    first, second = (16, 16, 4, 1), (32, 16, 4, 1)
+
+    def tuner(plan, inputs, frame, run):
+        for tile in (first, second, first, second, first):
+            run(tile)
+        return second
+
+    monkeypatch.setattr(launch, "tile_for", tuner)
+    fast(*args)
+    fast(*args)
+    assert kinds(kernel) == ["jit", "jit", "bound", "bound", "bound", "bound", "bound"]
+    grids = [call[1] for call in kernel.calls]
+    blocks = {tile: (triton_grid(args[0], tile[0]),) for tile in (first, second)}
+    assert grids == [blocks[first], blocks[second], blocks[first], blocks[second], blocks[first],
+                     blocks[second], blocks[second]]
+
+
+def triton_grid(q, block_m):
+    """The vanilla kernel's grid for ``q`` [B, H, M, D]: row blocks × batch × heads."""
+    return math.ceil(q.shape[-2] / block_m) * q.shape[0] * q.shape[1]
+
+
 def test_exact_key_stands_for_the_signature():
     x = torch.randn(3, 4)
     same = [(x, 0.5), (x.clone(), 0.5)]

@@ -274,31 +274,47 @@ class Launcher:
         batch = math.prod(frame[:-2])
         dims = block_dims_of(plan)
         launched = {}
+        timed = {}  # tile → its bound launch: the tuner's later launches of a tile (key given)
 
         def run(tile):
+            if tile in timed:
+                timed[tile].launch(out, inputs, sides)
+                return
             if is_gluon_tile(tile):
                 launched[tile] = self.run_gluon(tile, inputs, frame, out, sides)
-                return
-            bm, bn, warps, stages = tile
-            grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
-            args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides, tile_summaries(plan, inputs, bn)))
-            with _launching():
-                launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                               num_stages=stages), grid, args)
+            else:
+                bm, bn, warps, stages = tile
+                grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
+                args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides,
+                                                            tile_summaries(plan, inputs, bn)))
+                with _launching():
+                    launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                                   num_stages=stages), grid, args)
+            if key is not None:
+                timed[tile] = self.bound_for(tile, launched[tile], inputs, frame)
+                if timed[tile] is None:
+                    del timed[tile]
 
         tile = tile_for(plan, inputs, frame, run)
         run(tile)
         if key is None or torch.cuda.is_current_stream_capturing():
             return
-        if is_gluon_tile(tile):
-            bound = (BoundGluonLaunch.of(self, tile, frame, views, inputs, launched[tile])
-                     if config.bind_gluon_launches else None)
-        else:
-            bound = self.bind(*launched[tile], {**dims, "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
+        bound = self.bound_for(tile, launched[tile], inputs, frame, views)
         if bound is not None:
             if len(self.bound) >= self.CAPACITY:
                 self.bound.clear()
             self.bound[key] = bound
+
+    def bound_for(self, tile, launched, inputs, frame, views=None) -> BoundLaunch | BoundGluonLaunch | None:
+        """The launch of ``tile`` just made (``launched``: what the Triton or Gluon JIT launch
+        returned) as a bound launch, or None. Bound launches of the tiles the tuner times are
+        what it times after each tile's first launch: a layout's later calls run bound, and the
+        JIT's host time (~0.3 ms for a Gluon launch) would otherwise outlast a short kernel and
+        be timed with it. With ``views``, the bound launch reads the inputs before them."""
+        if is_gluon_tile(tile):
+            return (BoundGluonLaunch.of(self, tile, frame, views, inputs, launched)
+                    if config.bind_gluon_launches else None)
+        return self.bind(*launched, {**block_dims_of(self.plan), "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
 
     def bind(self, compiled, grid, args: list, constexprs: dict) -> BoundLaunch | None:
         """The launch just made, as a BoundLaunch; None where Triton's objects do not have the
