@@ -24,6 +24,9 @@ timed by CUDA events:
 
 (Timing candidates one after another with ``do_bench``, as this tuner did before, ordered
 them partly by when each was timed: the first ones ran while the GPU was still cool.)
+``run(tile)`` launches a candidate as the caller's later calls will: launch.py's ``run`` goes
+through the JIT once per tile, then through that tile's bound launch, whose host time is not
+the JIT's (a Gluon JIT launch outlasts a short kernel).
 
 The key is the kernel source's hash (region structure and printed dtypes; Triton and torch
 versions, ``cache.source_key``), the input dtypes, the device (name and compute capability)
