@@ -41,8 +41,12 @@ def add_candidates(tiles) -> None:
                               for limit, configs in emit.TILE_CONFIGS)
 
 
-def label(tile) -> str:
-    return "x".join(map(str, tile))
+label = tuning._label  # a tile as tuning.json names it
+
+
+def tile_of(name: str) -> tuple:
+    """The tile a tuning.json label names (``128x64x8x3``, ``gluonx3x128x3x0x1x1``)."""
+    return tuple(int(part) if part.isdigit() else part for part in name.split("x"))
 
 
 def probe(text: str, longer: int, repeats: int) -> None:
@@ -63,7 +67,7 @@ def probe(text: str, longer: int, repeats: int) -> None:
         tuning._tune = tune
     tuned = tuning.history[-1]
     pick, run = tuple(tuned["config"]), captured["run"]
-    tuned_ms = {tuple(map(int, t.split("x"))): ms for t, ms in tuned["ms"].items()}
+    tuned_ms = {tile_of(t): ms for t, ms in tuned["ms"].items()}
     clock = tuning.CudaClock()
     runs = {tile: (lambda tile=tile: run(tile)) for tile in tuned_ms}
     rounds = longer * tuning.rounds_for(list(tuned_ms.values()))
