@@ -44,11 +44,6 @@ def add_candidates(tiles) -> None:
 label = tuning._label  # a tile as tuning.json names it
 
 
-def tile_of(name: str) -> tuple:
-    """The tile a tuning.json label names (``128x64x8x3``, ``gluonx3x128x3x0x1x1``)."""
-    return tuple(int(part) if part.isdigit() else part for part in name.split("x"))
-
-
 def probe(text: str, longer: int, repeats: int) -> None:
     fields, fn, args, _ = case_of(parse_case(text))
     captured = {}
@@ -67,7 +62,7 @@ def probe(text: str, longer: int, repeats: int) -> None:
         tuning._tune = tune
     tuned = tuning.history[-1]
     pick, run = tuple(tuned["config"]), captured["run"]
-    tuned_ms = {tile_of(t): ms for t, ms in tuned["ms"].items()}
+    tuned_ms = {tuning.tile_of(t): ms for t, ms in tuned["ms"].items()}
     clock = tuning.CudaClock()
     runs = {tile: (lambda tile=tile: run(tile)) for tile in tuned_ms}
     rounds = longer * tuning.rounds_for(list(tuned_ms.values()))

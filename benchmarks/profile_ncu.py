@@ -63,7 +63,7 @@ def profile_target(case: str, system: str, seqlen: int, pin: str | None = None) 
     from fxflash.codegen import tuning
 
     call = calls_for(case, seqlen)[system]
-    tile = tuple(int(x) if x.isdigit() else x for x in pin.split(",")) if pin else None
+    tile = tuning.tile_of(pin.replace(",", "x")) if pin else None
     with tuning.pinned(tile) if tile else contextlib.nullcontext():
         for _ in range(3):
             call()

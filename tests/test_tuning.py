@@ -125,6 +125,11 @@ def test_contenders_are_decided_by_their_sustained_time(fresh):
     assert tuning.contenders_of(quick) == [(64, 64, 4, 2), (128, 64, 4, 3)]
 
 
+def test_a_label_names_its_tile():
+    for tile in [(128, 64, 8, 3), ("gluon", 3, 128, 3, 0, 1, 1)]:
+        assert tuning.tile_of(tuning._label(tile)) == tile
+
+
 def test_rounds_rotate_so_no_candidate_always_goes_first():
     firsts = []
 

@@ -290,10 +290,9 @@ class Launcher:
                 with _launching():
                     launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                                    num_stages=stages), grid, args)
-            if key is not None:
-                timed[tile] = self.bound_for(tile, launched[tile], inputs, frame)
-                if timed[tile] is None:
-                    del timed[tile]
+            bound = self.bound_for(tile, launched[tile], inputs, frame) if key is not None else None
+            if bound is not None:
+                timed[tile] = bound
 
         tile = tile_for(plan, inputs, frame, run)
         run(tile)

@@ -105,8 +105,13 @@ def tuning_key(source: str, dtypes, device: str, frame) -> str:
 
 
 def _label(tile: Tile) -> str:
-    """A tile as tuning.json names it: ``128x64x8x3``."""
+    """A tile as tuning.json names it: ``128x64x8x3``, ``gluonx3x128x3x0x1x1``."""
     return "x".join(map(str, tile))
+
+
+def tile_of(label: str) -> Tile:
+    """The tile a label names (_label's inverse)."""
+    return tuple(int(part) if part.isdigit() else part for part in label.split("x"))
 
 
 def describe(tile: Tile) -> str:
