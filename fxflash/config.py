@@ -70,6 +70,9 @@ class Config:
                      the Triton kernel): causal and prefix-LM 13 % faster at 16k on an H200
                      (benchmarks/NOTES.md); ``FXFLASH_GLUON_FULL_TILES=0`` evaluates the masks on
                      every visited tile.
+    gluon_mma_row_sum: in the Gluon kernel, accumulate each row's sum of ``p`` on the tensor cores, as
+                     ``P·1`` beside ``P·V`` (from the same bf16/fp16 ``P``), instead of one add per
+                     score; ``FXFLASH_GLUON_MMA_ROW_SUM=0`` adds (for A/B measurements).
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
                      kernel directly, skipping the JIT entry point's per-call work
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
@@ -96,6 +99,7 @@ class Config:
     prefetch_epilogue: bool = os.environ.get("FXFLASH_PREFETCH_EPILOGUE", "0") != "0"
     gluon: bool = os.environ.get("FXFLASH_GLUON", "1") != "0"
     gluon_full_tiles: bool = os.environ.get("FXFLASH_GLUON_FULL_TILES", "1") != "0"
+    gluon_mma_row_sum: bool = os.environ.get("FXFLASH_GLUON_MMA_ROW_SUM", "1") != "0"
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     bind_gluon_launches: bool = os.environ.get("FXFLASH_BIND_GLUON_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(

@@ -3,7 +3,8 @@ process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
     python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
 
-Prints the kernel's shared memory and, from this Triton's ptxas (``-v``), its spills: a proxy
+Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
+each row's ``p``, and from this Triton's ptxas (``-v``) its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas)."""
 import os
 import re
@@ -19,7 +20,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from fxflash.codegen import gluon_launch
 from fxflash.codegen.cache import load_kernel
-from fxflash.codegen.gluon import emit_gluon, refusal, register_budget
+from fxflash.codegen.gluon import emit_gluon, refusal, register_budget, shared_bytes
 from fxflash.variants import VARIANTS, Shape
 from fxflash.patterns import find_chains
 from fxflash.patterns.region import build_region
@@ -55,8 +56,10 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     assert set(signature) - set(runtime) == set(constexprs), signature
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
-    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes, {regs} registers per "
-          f"consumer thread; {spills(compiled.asm['ptx'])}")
+    row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
+    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
+          f"{shared_bytes(tile, d, dtype.itemsize)}), {regs} registers per consumer thread; row sums "
+          f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; {spills(compiled.asm['ptx'])}")
 
 
 def spills(ptx: str) -> str:

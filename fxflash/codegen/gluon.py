@@ -114,10 +114,18 @@ def gluon_tile(tile) -> GluonTile:
 
 
 def shared_bytes(tile, d: int, elem: int = 2) -> int:
-    """Q tiles of every consumer (two sets on a persistent grid) plus ``NBUF`` K and V tiles,
-    for one CTA."""
+    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K and V tiles and,
+    with the row sums on the tensor cores, the ``[8, block_n]`` ones of ``P·1``, for one CTA."""
     t = gluon_tile(tile)
-    return ((1 + t.persistent) * t.consumers * ROWS_PER_CONSUMER * d + 2 * t.nbuf * t.block_n * d) * elem
+    ones = 8 * t.block_n if row_sums_by_mma(tile) else 0
+    return ((1 + t.persistent) * t.consumers * ROWS_PER_CONSUMER * d + 2 * t.nbuf * t.block_n * d + ones) * elem
+
+
+def row_sums_by_mma(tile) -> bool:
+    """Does configuration ``tile`` sum each row's ``p`` as ``P·1`` on the tensor cores
+    (config.gluon_mma_row_sum)? Not where two CTAs share an SM: their buffers leave no room for
+    the ones. The kernel applies the same rule (``ROW_SUM`` in ``_attend``)."""
+    return config.gluon_mma_row_sum and gluon_tile(tile).ctas == 1
 
 
 LOADER_REGS = 24  # registers per thread of the loader's warp group
@@ -412,7 +420,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     full = "_score_full" in scores
     # a work item's values (_work): what the loader and the consumers need of it
     work = f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
-    common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, "
+    common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, ones, q_ready, q_empty, k_ready, v_ready, kv_empty, "
               f"turns, out_ptr, {work}, {', '.join(params)}")
     unravel = []
     for i in reversed(range(fb)):
@@ -441,7 +449,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS, store=body("    " + line for line in store),
+        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS, store=body("    " + line for line in store),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
@@ -461,10 +469,12 @@ SKELETON = '''import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 from triton.language.extra import libdevice
 
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+MMA_ROW_SUM = gl.constexpr({mma_row_sum})  # config.gluon_mma_row_sum (gluon.row_sums_by_mma)
 {helpers}
 
 {score_fns}
@@ -604,6 +614,10 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+    lp_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
+    l_rows: gl.constexpr = gl.SliceLayout(1, l_layout)
+    ROW_SUM: gl.constexpr = len(ones.type.shape) == 2  # Σ p as P·1 on the tensor cores (the kernel allocated the ones)
     zero_s = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     row0 = mt * (CONSUMERS * BM) + WG * BM
@@ -622,7 +636,10 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     m = gl.max(x, axis=1) * {k}
     mu = gl.maximum(m, -{flt_max})
     p = gl.exp2(x * {k} - gl.expand_dims(mu, 1))
-    l_sum = gl.sum(p, axis=1)
+    if ROW_SUM:
+        l_acc = gl.zeros([BM, 8], gl.float32, l_layout)
+    else:
+        l_sum = gl.sum(p, axis=1)
     p = p.to({dtype})
     for j in range(1, n_t):
         idx = (t + j) % NBUF
@@ -631,21 +648,29 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         mbarrier.wait(v_ready.index(prev), ((t + j - 1) // NBUF) & 1)
         p_op = gl.convert_layout(p, p_layout)
         _take_turn(turns, t + it + j, WG, PINGPONG)
+        if ROW_SUM:  # issued first: it completes with S_(j+1), before the wait below
+            l_acc = warpgroup_mma(gl.convert_layout(p_op, lp_layout), ones.permute((1, 0)), l_acc, is_async=True)
         s_next = warpgroup_mma(q, k_bufs.index(idx).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
-        s = warpgroup_mma_wait(1, deps=(s_next, ))
+        if ROW_SUM:
+            s, l_acc = warpgroup_mma_wait(1, deps=(s_next, l_acc))
+        else:
+            s = warpgroup_mma_wait(1, deps=(s_next, ))
         {loop_score}
         m = gl.maximum(m, gl.max(x, axis=1) * {k}, propagate_nan=tl.PropagateNan.ALL)
         mu_new = gl.maximum(m, -{flt_max})
         alpha = gl.exp2(mu - mu_new)
         p = gl.exp2(x * {k} - gl.expand_dims(mu_new, 1))
-        l_sum = l_sum * alpha + gl.sum(p, axis=1)
+        if not ROW_SUM:
+            l_sum = l_sum * alpha + gl.sum(p, axis=1)
         p = p.to({dtype})
         mu = mu_new
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
         mbarrier.arrive(kv_empty.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        if ROW_SUM:
+            l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha, l_rows), 1)
     if QB > 1:
         mbarrier.arrive(q_empty.index(qb), count=1)  # every Q·Kᵀ of this item has completed
     last = (t + n_t - 1) % NBUF
@@ -653,8 +678,14 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     p_op = gl.convert_layout(p, p_layout)
     _take_turn(turns, t + it + n_t, WG, PINGPONG)
     acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
+    if ROW_SUM:
+        l_acc = warpgroup_mma(gl.convert_layout(p_op, lp_layout), ones.permute((1, 0)), l_acc, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
-    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+    if ROW_SUM:
+        acc, l_acc, p_op = warpgroup_mma_wait(0, deps=(acc, l_acc, p_op))
+        l_sum = gl.max(l_acc, axis=1)  # its 8 columns are equal
+    else:
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(last), count=1)
 
     out = acc {normalize}
@@ -669,7 +700,8 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
-           CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr):
+           CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr,
+           CTAS: gl.constexpr):
     """One CTA per work item (a batch index and a block of 64·CONSUMERS rows), or with
     PERSISTENT fewer CTAs that walk the items (Q in two buffers: the next item's loads under this
     one's epilogue); a loader warp and CONSUMERS warp groups. ROWS_P2: 64·CONSUMERS rounded up
@@ -684,6 +716,12 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [QB * CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)
+    if MMA_ROW_SUM and CTAS == 1:  # gluon.row_sums_by_mma: the ones of P·1, keys along rows like K's
+        ones = gl.allocate_shared_memory(k_desc.dtype, [8, BLOCK_N], k_desc.layout,
+                                         gl.full([8, BLOCK_N], 1.0, k_desc.dtype, gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])))
+        fence_async_shared()
+    else:
+        ones = k_bufs  # never read: each row's sum is added up by the consumer
     q_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())

@@ -124,7 +124,8 @@ def constexprs(tile) -> dict:
     t = gluon_tile(tile)
     rows = t.consumers * ROWS_PER_CONSUMER
     return dict(CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=register_budget(t.consumers, t.ctas)[1],
-                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows), PERSISTENT=t.persistent)
+                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows), PERSISTENT=t.persistent,
+                CTAS=t.ctas)
 
 
 @functools.lru_cache(maxsize=None)
