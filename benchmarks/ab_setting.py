@@ -1,20 +1,22 @@
 """A/B timing of one fxflash setting in one process, on the same inputs.
 
     PYTHONPATH=. python benchmarks/ab_setting.py --setting exp2_fma [another_setting …] \
-        --variants vanilla alibi causal --seqlens 1024 4096 16384 [--out CSV]
+        --variants vanilla alibi causal --seqlens 1024 4096 16384 [--pin gluon,3,128,3,0,1] [--out CSV]
 
 For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch × seqlen = 16k
 tokens; for ``beyond``-suite variants, that suite's configs of head dim ``--head-dim`` at
 ``--seqlens``, the Evoformer's at its own sizes) fxflash is compiled twice, with the
 ``fxflash.config`` settings all False (A) and all True (B), each autotuned as usual; then A
-and B are timed alternately ``--rounds`` times (``bench_attention.settled_ms``: do_bench
-medians, each after a rest) and the median of each side is reported with B/A (below 1: the
-setting helps). Both outputs are checked against FlexAttention (softmax suite)
+and B are timed alternately ``--rounds`` times (``bench_attention.medians``: do_bench
+medians, each after a rest, and CUDA-graph replays) and the median of each side is reported
+with B/A (below 1: the setting helps). ``--pin`` compiles and times both sides with one tile
+configuration instead of the tuner's picks (a setting of one kernel form, e.g. the Gluon kernel's). Both outputs are checked against FlexAttention (softmax suite)
 or eager (beyond suite).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -24,9 +26,10 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import SUITES, beyond_cases, case, check, flex_api, settled_ms  # noqa: E402
+from bench_attention import SUITES, beyond_cases, case, check, flex_api, medians  # noqa: E402
 
 import fxflash  # noqa: E402
+from fxflash.codegen import tuning  # noqa: E402
 
 FIELDS = "setting,variant,B,H,S,D,a_ms,b_ms,b_over_a,device,torch,triton".split(",")
 
@@ -53,6 +56,7 @@ def main() -> None:
     parser.add_argument("--seqlens", nargs="+", type=int, default=[4096])
     parser.add_argument("--head-dim", type=int, default=64, help="beyond suite: the configs of this head dim")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pin", help="a tile configuration for both sides, comma-separated (default: the tuner's)")
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
     for setting in opts.setting:
@@ -61,21 +65,24 @@ def main() -> None:
     settings = "+".join(opts.setting)
     flex, _ = flex_api()
     rows = []
+    tile = tuning.tile_of(opts.pin.replace(",", "x")) if opts.pin else None
     for name, fields, fn, args, reference in cases(opts, flex):
-        a, b = (compiled_with(fn, args, opts.setting, value) for value in (False, True))
-        label = f"{name:<16} " + " ".join(f"{k}={fields[k]}" for k in ("B", "M", "D"))
-        if reference is not None:
-            for side, fast in (("A", a), ("B", b)):
-                check(fast(*args), reference, f"{label} {side}")
-        times = {"A": [], "B": []}
-        for _ in range(opts.rounds):
-            for side, fast in (("A", a), ("B", b)):
-                times[side].append(settled_ms(lambda: fast(*args)))
-        a_ms, b_ms = statistics.median(times["A"]), statistics.median(times["B"])
+        with tuning.pinned(tile) if tile else contextlib.nullcontext():
+            a, b = (compiled_with(fn, args, opts.setting, value) for value in (False, True))
+            label = f"{name:<16} " + " ".join(f"{k}={fields[k]}" for k in ("B", "M", "D"))
+            if reference is not None:
+                for side, fast in (("A", a), ("B", b)):
+                    check(fast(*args), reference, f"{label} {side}")
+            times = {"A": [], "B": []}
+            for r in range(opts.rounds):
+                for side, fast in ((("A", a), ("B", b)) if r % 2 == 0 else (("B", b), ("A", a))):
+                    times[side].append(medians(lambda: fast(*args)))
+        (a_ms, a_graph), (b_ms, b_graph) = ([statistics.median(x) for x in zip(*times[side])] for side in "AB")
         rows.append(dict(setting=settings, variant=name, B=fields["B"], H=fields["H"], S=fields["M"],
                          D=fields["D"], a_ms=f"{a_ms:.4f}", b_ms=f"{b_ms:.4f}", b_over_a=f"{b_ms / a_ms:.3f}",
                          device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__))
-        print(f"{label} {settings} off {a_ms:.3f} ms  on {b_ms:.3f} ms  B/A {b_ms / a_ms:.3f}", flush=True)
+        print(f"{label} {settings} off {a_ms:.3f} ms  on {b_ms:.3f} ms  B/A {b_ms / a_ms:.3f}; graph replay "
+              f"{a_graph:.3f} / {b_graph:.3f} ms, B/A {b_graph / a_graph:.3f}", flush=True)
         torch._dynamo.reset()
     if opts.out:
         new = not os.path.exists(opts.out)
