@@ -302,7 +302,8 @@ def test_every_configuration_fits_its_share_of_an_sm():
 @needs_gluon
 def test_tma_descriptors_read_each_operand_as_one_row_matrix():
     """Q, K and V as [rows, D] matrices with a consumer's rows (Q) or a key tile (K, V) per TMA
-    block; layouts built once (a remembered launch's) give the same descriptors."""
+    block; a remembered launch's descriptors pointed at new inputs of the same layout are the
+    descriptors those inputs get."""
     from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
@@ -312,10 +313,15 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
     tile = ("gluon", 1, 64, 3, 0, 2)
     inputs = list(args)
     fresh = gluon_launch.descriptors(gplan, tile, inputs)
-    cached = gluon_launch.descriptors(gplan, tile, inputs, gluon_launch.shared_layouts(gplan, tile, inputs))
     assert [list(d.shape) for d in fresh] == [[2 * 4 * 40, 64], [2 * 2 * 48, 64], [2 * 2 * 48, 64]]  # K, V: Hkv heads
     assert [d.block_shape for d in fresh] == [[64, 64], [64, 64], [64, 64]]
-    assert all(a.layout == b.layout and a.shape == b.shape and a.base.data_ptr() == b.base.data_ptr()
-               for a, b in zip(fresh, cached))
+    others = [t.clone() for t in inputs]
+    expected = gluon_launch.descriptors(gplan, tile, others)
+    rebased = [gluon_launch.rebased(d, others[i]) for d, i in zip(fresh, gplan.operands)]
+    for new, want, old in zip(rebased, expected, fresh):
+        assert new.base.data_ptr() == want.base.data_ptr() != old.base.data_ptr()
+        assert (list(new.shape), list(new.strides), new.block_shape, new.layout, new.padding) == \
+               (list(want.shape), list(want.strides), want.block_shape, want.layout, want.padding)
+        assert new.base.dtype == want.base.dtype
     assert gluon_launch.grid(tile, [2, 4, 40, 64]) == (8,)
     assert gluon_launch.constexprs(tile)["CONSUMERS"] == 1

@@ -2,6 +2,7 @@
 TMA descriptors of Q, K and V, and the launch itself."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -97,7 +98,7 @@ def _blocks(gplan: GluonPlan, tile) -> tuple:
 
 def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
     """The shared-memory layouts of Q's, K's and V's TMA blocks (~12 µs of host time each to
-    build; launch.BoundGluonLaunch builds them once)."""
+    build; launch.BoundGluonLaunch builds them, with its descriptors, once)."""
     from triton.experimental.gluon import language as gl
 
     dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -105,18 +106,33 @@ def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
                  for i, block in zip(gplan.operands, _blocks(gplan, tile)))
 
 
-def descriptors(gplan: GluonPlan, tile, inputs: list, layouts: tuple | None = None) -> tuple:
+def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
     """The TMA descriptors of Q, K and V for configuration ``tile`` (the kernel's first
     arguments), each operand read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layouts = layouts or shared_layouts(gplan, tile, inputs)
+    layouts = shared_layouts(gplan, tile, inputs)
     descs = []
     for i, block, layout in zip(gplan.operands, _blocks(gplan, tile), layouts):
         t = inputs[i]
         rows = t.as_strided((_rows_total(t), t.stride(-2)), (t.stride(-2), 1))
         descs.append(TensorDescriptor.from_tensor(rows, block, layout))
     return tuple(descs)
+
+
+def rebased(desc, tensor: torch.Tensor):
+    """``desc``, a descriptor ``descriptors`` built at a bound launch's first call, pointing at
+    ``tensor``: an input with the same layout key (shape, strides, dtype, 16-byte alignment), so
+    the same ``[R, sr]`` matrix at another address, which is all a TMA descriptor holds. Copied
+    without the dataclass's validation (~5 µs per descriptor, three per call; what it checks is
+    in the key); a descriptor class without ``__dict__`` is replaced through the constructor."""
+    try:
+        new = object.__new__(type(desc))
+        new.__dict__.update(desc.__dict__)
+    except (AttributeError, TypeError):
+        return dataclasses.replace(desc, base=tensor)
+    new.base = tensor
+    return new
 
 
 def constexprs(tile) -> dict:

@@ -176,13 +176,14 @@ class BoundGluonLaunch:
     """A Gluon launch remembered for one layout key (``Launcher``): the configuration the tuner
     kept, checked by ``launch_refusal`` at the layout's first launch (everything the checks read
     is in the key), and the compiled kernel Gluon's JIT returned then, called directly with new
-    TMA descriptors (Triton's launcher turns them into tensor maps), as ``BoundLaunch`` does."""
+    TMA descriptors (Triton's launcher turns them into tensor maps), as ``BoundLaunch`` does:
+    the first call's descriptors pointed at each call's inputs (``gluon_launch.rebased``)."""
 
-    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, layouts: tuple):
+    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple):
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
-        self.layouts = layouts  # the TMA blocks' shared-memory layouts (gluon_launch.shared_layouts)
+        self.descs = descs      # Q's, K's and V's TMA descriptors as built for the first call
 
     @classmethod
     def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
@@ -194,13 +195,13 @@ class BoundGluonLaunch:
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
-                   gluon_launch.shared_layouts(launcher.plan.gluon, tile, inputs))
+                   gluon_launch.descriptors(launcher.plan.gluon, tile, inputs))
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
         inputs = replay_views(inputs, self.views)
-        self.runner(*gluon_launch.descriptors(gplan, self.tile, inputs, self.layouts), out,
-                    *_gluon_args(gplan, self.tile, inputs, self.frame, out, sides), *self.tail)
+        descs = [gluon_launch.rebased(desc, inputs[i]) for desc, i in zip(self.descs, gplan.operands)]
+        self.runner(*descs, out, *_gluon_args(gplan, self.tile, inputs, self.frame, out, sides), *self.tail)
 
 
 class Launcher:
