@@ -323,5 +323,7 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
         assert (list(new.shape), list(new.strides), new.block_shape, new.layout, new.padding) == \
                (list(want.shape), list(want.strides), want.block_shape, want.layout, want.padding)
         assert new.base.dtype == want.base.dtype
+    detached = gluon_launch.rebased(fresh[0], None)  # what a bound launch keeps: no input
+    assert detached.base is None and fresh[0].base is not None and detached.shape == fresh[0].shape
     assert gluon_launch.grid(tile, [2, 4, 40, 64]) == (8,)
     assert gluon_launch.constexprs(tile)["CONSUMERS"] == 1

@@ -1,4 +1,7 @@
 """The GPU suite: real Triton kernels on a CUDA GPU (``pytest -m gpu``), bf16 included."""
+import gc
+import weakref
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -324,7 +327,9 @@ def test_gluon_kernel_reads_heads_inside_long_rows_on_gpu(d, tile):
 def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, tile, monkeypatch):
     """The second call of a layout whose tile is a Gluon configuration (one CTA per item, or a
     persistent grid) is a BoundGluonLaunch (no tuner lookup, no launch checks) and gives the
-    first call's result bit for bit (a persistent grid of 3 SMs' worth of CTAs: they walk items)."""
+    first call's result bit for bit (a persistent grid of 3 SMs' worth of CTAs: they walk items);
+    with new inputs of the same layout it reads them (its descriptors pointed at them), and it
+    keeps none of the first call's inputs alive."""
     from fxflash.codegen import gluon_launch, launch
     from fxflash.codegen.op import _REGISTRY
 
@@ -339,6 +344,13 @@ def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, ti
     assert [type(b) for b in launcher.bound.values()] == [launch.BoundGluonLaunch]
     torch.testing.assert_close(fast(*args), first, rtol=0, atol=0, equal_nan=True)
     assert_accurate(variant.fn, args, first)
+    others = [a.flip(0).clone() if a.is_floating_point() else a for a in args]  # other values, same layout
+    assert_accurate(variant.fn, others, fast(*others))
+    assert len(launcher.bound) == 1
+    firsts = [weakref.ref(a) for a in args if a.is_floating_point()]
+    del args, first
+    gc.collect()
+    assert all(ref() is None for ref in firsts)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,

@@ -125,12 +125,14 @@ def rebased(desc, tensor: torch.Tensor):
     ``tensor``: an input with the same layout key (shape, strides, dtype, 16-byte alignment), so
     the same ``[R, sr]`` matrix at another address, which is all a TMA descriptor holds. Copied
     without the dataclass's validation (~5 µs per descriptor, three per call; what it checks is
-    in the key); a descriptor class without ``__dict__`` is replaced through the constructor."""
+    in the key); a descriptor class without ``__dict__`` is replaced through the constructor.
+    ``tensor`` None detaches ``desc`` from its input: a bound launch keeps its descriptors
+    without keeping the first call's tensors alive."""
     try:
         new = object.__new__(type(desc))
         new.__dict__.update(desc.__dict__)
     except (AttributeError, TypeError):
-        return dataclasses.replace(desc, base=tensor)
+        return desc if tensor is None else dataclasses.replace(desc, base=tensor)
     new.base = tensor
     return new
 

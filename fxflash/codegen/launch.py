@@ -183,7 +183,7 @@ class BoundGluonLaunch:
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
-        self.descs = descs      # Q's, K's and V's TMA descriptors as built for the first call
+        self.descs = descs      # Q's, K's and V's TMA descriptors as built for the first call, detached
 
     @classmethod
     def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
@@ -195,7 +195,7 @@ class BoundGluonLaunch:
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
-                   gluon_launch.descriptors(launcher.plan.gluon, tile, inputs))
+                   tuple(gluon_launch.rebased(d, None) for d in gluon_launch.descriptors(launcher.plan.gluon, tile, inputs)))
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
