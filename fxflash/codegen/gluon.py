@@ -449,7 +449,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS, store=body("    " + line for line in store),
+        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        store=body("    " + line for line in store),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
@@ -617,7 +618,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     lp_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
     l_rows: gl.constexpr = gl.SliceLayout(1, l_layout)
-    ROW_SUM: gl.constexpr = len(ones.type.shape) == 2  # Σ p as P·1 on the tensor cores (the kernel allocated the ones)
+    ROW_SUM: gl.constexpr = len(ones.type.shape) == 2  # Σ p as P·1 (the kernel allocated the ones)
     zero_s = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     row0 = mt * (CONSUMERS * BM) + WG * BM
@@ -717,8 +718,9 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)
     if MMA_ROW_SUM and CTAS == 1:  # gluon.row_sums_by_mma: the ones of P·1, keys along rows like K's
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         ones = gl.allocate_shared_memory(k_desc.dtype, [8, BLOCK_N], k_desc.layout,
-                                         gl.full([8, BLOCK_N], 1.0, k_desc.dtype, gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])))
+                                         gl.full([8, BLOCK_N], 1.0, k_desc.dtype, fill))
         fence_async_shared()
     else:
         ones = k_bufs  # never read: each row's sum is added up by the consumer

@@ -194,8 +194,9 @@ class BoundGluonLaunch:
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
+        descs = gluon_launch.descriptors(launcher.plan.gluon, tile, inputs)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
-                   tuple(gluon_launch.rebased(d, None) for d in gluon_launch.descriptors(launcher.plan.gluon, tile, inputs)))
+                   tuple(gluon_launch.rebased(d, None) for d in descs))
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
