@@ -1,11 +1,13 @@
 """Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
-    python tests/gluon_compile.py VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
+    python tests/gluon_compile.py [--edit NAME] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
 
 Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
 each row's ``p``, and from this Triton's ptxas (``-v``) its spills: a proxy
-for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas)."""
+for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas). The
+kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
+``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py)."""
 import os
 import re
 import subprocess
@@ -28,7 +30,7 @@ from helpers import TRITON_TYPES as TYPES, analysed
 
 
 
-def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0):
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, edit=None):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=d), dtype)
@@ -37,6 +39,11 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     region = build_region(analysis, chain)
     assert refusal(region) is None, refusal(region)
     plan = emit_gluon(region, analysis.kinds)
+    if edit:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+        from probe_gluon_edits import edit_named
+
+        plan.source = edit_named(edit)(plan.source)
     kernel = load_kernel(plan.source, plan.name)
     layout = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
@@ -52,14 +59,31 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     maxnreg, regs = register_budget(consumers, ctas)
     constexprs = gluon_launch.constexprs(tile)  # the kernel's last arguments, in order (BoundGluonLaunch)
     assert list(kernel.arg_names[-len(constexprs):]) == list(constexprs), kernel.arg_names
-    signature = {n: runtime.get(n, "constexpr") for n in kernel.arg_names}
-    assert set(signature) - set(runtime) == set(constexprs), signature
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs),
+    ones, attrs = jit_specializations(plan, kernel.arg_names, tuple(region.frame.meta["val"].shape))
+    signature = {n: "constexpr" if n in ones or n in constexprs else runtime[n] for n in kernel.arg_names}
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs={**constexprs, **ones}, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
-    print(f"compiled {name} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
+    print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
           f"{shared_bytes(tile, d, dtype.itemsize)}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; {spills(compiled.asm['ptx'])}")
+
+
+def jit_specializations(plan, arg_names, frame) -> tuple[dict, dict]:
+    """What Triton's JIT would specialize the kernel on at a launch with these inputs' strides
+    and sizes (16-byte aligned pointers): integer arguments equal to 1 become constants, those
+    divisible by 16 and every pointer get ``tt.divisibility`` 16 (vectorized loads depend on
+    both). Returns (constant arguments, attributes by argument index)."""
+    ones, attrs = {}, {3: True}  # out_ptr
+    for index, (spec, arg) in enumerate(zip(plan.args, arg_names[4:]), start=4):
+        value = {"stride": lambda: plan.input_nodes[spec[1]].meta["val"].stride(spec[2]),
+                 "size": lambda: plan.input_nodes[spec[1]].meta["val"].size(spec[2]),
+                 "frame": lambda: frame[spec[1]]}.get(spec[0], lambda: None)()
+        if value == 1:
+            ones[arg] = 1
+        elif spec[0] in ("ptr", "summary") or (value is not None and int(value) % 16 == 0):
+            attrs[index] = True
+    return ones, {(i,): [["tt.divisibility", 16]] for i in attrs}
 
 
 def spills(ptx: str) -> str:
@@ -81,4 +105,7 @@ def spills(ptx: str) -> str:
 
 if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)
-    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:]))
+    argv = sys.argv[1:]
+    edit = argv.pop(argv.index("--edit") + 1) if "--edit" in argv else None
+    argv = [a for a in argv if a != "--edit"]
+    main(argv[0], argv[1], *(int(a) for a in argv[2:]), edit=edit)

@@ -6,6 +6,14 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import suite  # noqa: E402
 
+import pytest  # noqa: E402
+
+
+def gluon_available() -> bool:
+    from fxflash.codegen.gluon import gluon_api
+
+    return gluon_api() is not None
+
 FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
 
 
@@ -151,3 +159,50 @@ def test_probe_core_loop_switches_keep_attention():
         probe_core_loop._probe_attention[(S // 64, B * H)](q, k, v, out, B * H, S, 0.125 * 1.4426950408889634,
                                                            D=D, BLOCK_M=64, BLOCK_N=64, **switches)
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-3 if switches["EMU"] else 1e-5)
+
+
+# probe_gluon_edits' hand edits, each with a kernel it was measured on (variant, Gluon tile)
+GLUON_EDITS = [
+    ("hoist_key_linear", "alibi", (2, 128, 3, 0, 1)),
+    ("bias_ahead", "evoformer_row", (1, 128, 2, 0, 2, 1)),
+    ("bias_ahead_tile", "evoformer_row", (1, 128, 2, 0, 2, 1)),
+    ("bias_async", "evoformer_row", (1, 128, 2, 0, 2, 1)),
+    ("gate_early", "evoformer_row", (1, 128, 3, 0, 2, 1)),
+    ("gate_first", "evoformer_row", (1, 128, 3, 0, 2, 1)),
+    ("without:x1,x3,x6", "evoformer_row", (1, 128, 3, 0, 2, 1)),
+]
+
+
+def _gluon_source(name: str) -> str:
+    import torch
+
+    from fxflash.codegen.gluon import emit_gluon
+    from fxflash.patterns import find_chains
+    from fxflash.patterns.region import build_region
+    from fxflash.variants import VARIANTS, Shape
+    from helpers import analysed
+
+    args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=64, Dv=64), torch.bfloat16)
+    _, analysis = analysed(VARIANTS[name].fn, *args)
+    (chain,) = find_chains(analysis)
+    return emit_gluon(build_region(analysis, chain), analysis.kinds).source
+
+
+@pytest.mark.skipif(not gluon_available(), reason="this Triton has no Gluon Hopper API")
+@pytest.mark.parametrize("edit, variant, tile", GLUON_EDITS)
+def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile):
+    """Each of probe_gluon_edits' hand edits changes the Gluon kernel it was measured on and the
+    edited kernel compiles for sm_90 (tests/gluon_compile.py, no GPU); in vanilla's kernel,
+    which has neither a bias nor a gate, it finds nothing to change and says so."""
+    import subprocess
+
+    import probe_gluon_edits
+
+    with pytest.raises(ValueError, match="nothing to change"):
+        probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla"))
+    assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant)) != _gluon_source(variant)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), "--edit", edit, variant, "bfloat16",
+                           "64", *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and f"compiled {variant} edited by {edit}" in done.stdout, done.stderr[-3000:]

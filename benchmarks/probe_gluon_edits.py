@@ -1,0 +1,270 @@
+"""Time hand edits of a region's generated Gluon kernel against the kernel as printed.
+
+    PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
+        --edits gate_first bias_async without:x3 --tiles gluonx1x128x3x0x2x1 gluonx1x128x2x0x2x1
+    PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant alibi --seqlen 16384 --edits hoist_key_linear
+
+probe_edits.py's counterpart for the Gluon kernel (codegen/gluon.py): the variant's region is
+compiled with the first tile pinned, then each named edit of its printed Gluon source (``EDITS``:
+source → source, raising ValueError where it finds nothing to change) is swapped into the
+registered region and timed with each tile of ``--tiles`` pinned, alternating the order of
+the sources per round: CUDA-graph replay medians and the relative difference from the printed
+kernel's output. ``without:x1,x3`` replaces the named loads by 0.0 — it changes the result and
+measures an upper bound, what those loads cost. Cases are the suite's shapes
+(``tile_sweep.case_of``). What wins is then built into codegen as a rule, with tests.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+# a load of a tensor input, as emit's printer prints it: ``name = gl.load(address, mask=…, other=0).to(dtype)``
+LOAD = re.compile(r"^( +)(\w+) = gl\.load\((.*), mask=(.*), other=0\)\.to\((gl\.\w+)\)$", re.M)
+SCORE_FN = re.compile(r"(@gluon.jit\ndef _score\(s, rm, cn, )(.*?)(\):\n)(.*?\n    return \w+)", re.S)
+ITEM_START = "    qb = it % QB\n    q = q_bufs.index(qb * CONSUMERS + WG)\n"
+LOOP_TOP = "    for j in range(1, n_t):\n"
+# the key tile of each score call in _attend: the first tile's, the loop's, and the tile after each
+KEYS_FIRST = "gl.expand_dims(lo_t * BLOCK_N + cols, 0)"
+KEYS_LOOP = "gl.expand_dims((lo_t + j) * BLOCK_N + cols, 0)"
+KEYS_AFTER_FIRST = "gl.expand_dims((lo_t + 1) * BLOCK_N + cols, 0)"
+KEYS_AFTER_LOOP = "gl.expand_dims((lo_t + j + 1) * BLOCK_N + cols, 0)"
+
+
+def _must(found, what: str):
+    if not found:
+        raise ValueError(f"edit found nothing to change: {what}")
+    return found
+
+
+def _replace(src: str, old: str, new: str) -> str:
+    _must(old in src, old.strip().splitlines()[0])
+    return src.replace(old, new, 1)
+
+
+def _score_call(src: str, keys: str):
+    """The match of ``x = _score(s, rm, <keys>, <rest>)`` in _attend (group 1: indent, 2: rest)."""
+    return _must(re.search(r"\n( +)x = _score\(s, rm, " + re.escape(keys) + r", ([^\n]*)\)", src), keys)
+
+
+def hoist_key_linear(src: str) -> str:
+    """ALiBi's printed score ``s + (c) * (cn − rm)``: ``c·cols`` computed once per item outside
+    the key loop (``x = s + ub``), the row term ``c·(key0 − rm)`` added to each row's maximum and
+    subtracted in the exponent, so one add per score is left of the bias."""
+    fn = _must(SCORE_FN.search(src), "_score")
+    lines, ret = fn.group(4).splitlines(), fn.group(4).split("return ")[-1]
+    final = _must(next((ln for ln in lines if ln.strip().startswith(ret + " =")), None), ret)
+    coef = _must(re.fullmatch(r"\s*\w+ = s \+ \((\w+ \* [\d.e+-]+)\) \* \w+", final), "s + (c) * (cn - rm)").group(1)
+    need = coef.split()[0]
+    pre = []  # the lines computing the coefficient (they read neither rm nor cn)
+    for ln in lines:
+        if re.match(r"\s*t\d+ = ", ln) and not re.search(r"\b(rm|cn)\b", ln):
+            pre.append(ln)
+        if ln.strip().startswith(need + " ="):
+            break
+    anchor = "    row0 = mt * (CONSUMERS * BM) + WG * BM\n"
+    src = _replace(src, anchor, anchor + "".join(ln + "\n" for ln in pre) + f"    a8 = {coef}\n"
+                   "    ub = gl.expand_dims(cols.to(gl.float32) * a8, 0)\n"
+                   "    rows_f = (row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)\n")
+    for keys, tile in ((KEYS_FIRST, "lo_t"), (KEYS_LOOP, "(lo_t + j)")):
+        call = _score_call(src, keys)
+        ind = call.group(1)
+        src = src.replace(call.group(0), f"\n{ind}x = s + ub\n{ind}wb = a8 * (({tile} * BLOCK_N).to(gl.float32) - rows_f)")
+    k = _must(re.search(r"m = gl.max\(x, axis=1\) \* ([^\n]+)", src), "the row maximum").group(1)
+    for old, new in ((f"m = gl.max(x, axis=1) * {k}", f"m = (gl.max(x, axis=1) + wb) * {k}"),
+                     (f"gl.expand_dims(mu, 1))", f"gl.expand_dims(mu - wb * {k}, 1))"),
+                     (f"m = gl.maximum(m, gl.max(x, axis=1) * {k}, ", f"m = gl.maximum(m, (gl.max(x, axis=1) + wb) * {k}, "),
+                     (f"gl.expand_dims(mu_new, 1))", f"gl.expand_dims(mu_new - wb * {k}, 1))")):
+        src = _replace(src, old, new)
+    return src
+
+
+def _split_score_loads(src: str, only=None) -> tuple[str, str, str]:
+    """The score's loads (all, or those ``only`` accepts) moved into ``_score_loads(rm, cn, …)``
+    returning them unconverted; ``_score`` takes them as ``<name>_raw``. Returns (source, the
+    raw names joined, the score functions' shared trailing arguments)."""
+    fn = _must(SCORE_FN.search(src), "_score")
+    params, body = fn.group(2), fn.group(4)
+    loads = [m for m in LOAD.finditer(body) if only is None or only(m)]
+    _must(loads, "a load in _score")
+    raws = ", ".join(f"{m.group(2)}_raw" for m in loads)
+    for m in loads:
+        body = body.replace(m.group(0), f"{m.group(1)}{m.group(2)} = {m.group(2)}_raw.to({m.group(5)})")
+    loader = (f"@gluon.jit\ndef _score_loads(rm, cn, {params}):\n    col_ok = cn < N\n"
+              + "".join(f"    {m.group(2)}_raw = gl.load({m.group(3)}, mask={m.group(4)}, other=0)\n" for m in loads)
+              + f"    return {raws}\n\n\n")
+    src = src.replace(fn.group(0), loader + fn.group(1) + raws + ", " + params + fn.group(3) + body)
+    rest = None
+    for keys in (KEYS_FIRST, KEYS_LOOP):
+        call = _score_call(src, keys)
+        rest = call.group(2)
+        src = src.replace(call.group(0), f"\n{call.group(1)}x = _score(s, rm, {keys}, {raws}, {rest})")
+    return src, raws, rest
+
+
+def _bias_ahead(src: str, only=None) -> str:
+    """The score's loads one key tile ahead, held in registers: tiles lo_t and lo_t + 1 at the
+    item's start, tile lo_t + j + 1 at the top of iteration j."""
+    src, raws, rest = _split_score_loads(src, only)
+    ahead = raws.replace("_raw", "_next")
+    src = _replace(src, ITEM_START, f"    {raws} = _score_loads(rm, {KEYS_FIRST}, {rest})\n"
+                   f"    {ahead} = _score_loads(rm, {KEYS_AFTER_FIRST}, {rest})\n" + ITEM_START)
+    return _replace(src, LOOP_TOP, LOOP_TOP + f"        {raws} = {ahead}\n"
+                    f"        {ahead} = _score_loads(rm, {KEYS_AFTER_LOOP}, {rest})\n")
+
+
+def bias_ahead(src: str) -> str:
+    """Every load of the score one key tile ahead (registers)."""
+    return _bias_ahead(src)
+
+
+def bias_ahead_tile(src: str) -> str:
+    """The score's [rows, keys] loads (the Evoformer's pair bias) one key tile ahead (registers)."""
+    return _bias_ahead(src, lambda m: re.search(r"\brm\b", m.group(3)) and re.search(r"\bcn\b", m.group(3)))
+
+
+def _async_copy_name() -> str:
+    """Gluon's cp.async call: ``async_copy_global_to_shared`` (Triton 3.6), ``async_load`` (3.9)."""
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+    return "async_load" if hasattr(async_copy, "async_load") else "async_copy_global_to_shared"
+
+
+def bias_async(src: str) -> str:
+    """The score's [rows, keys] load copied into shared memory by cp.async (one [BM, BLOCK_N]
+    buffer per consumer, swizzled for the accumulator layout's reads) one key tile ahead: tile
+    lo_t at the item's start, tile j + 1 once tile j has been read back."""
+    fn = _must(SCORE_FN.search(src), "_score")
+    params, body = fn.group(2), fn.group(4)
+    m = _must(next((m for m in LOAD.finditer(body)
+                    if re.search(r"\brm\b", m.group(3)) and re.search(r"\bcn\b", m.group(3))), None), "a [rows, keys] load")
+    name, address, mask, dtype = m.group(2), m.group(3), m.group(4), m.group(5)
+    ptr = re.match(r"\(?(in\d+_ptr)", address).group(1)
+    body = body.replace(m.group(0), f"    {name} = {name}_raw.to({dtype})")
+    copier = (f"@gluon.jit\ndef _score_copy(buf, rm, cn, {params}):\n    col_ok = cn < N\n"
+              f"    async_copy.{_async_copy_name()}(buf, {address}, mask={mask})\n    async_copy.commit_group()\n\n\n")
+    src = src.replace(fn.group(0), copier + fn.group(1) + f"{name}_raw, " + params + fn.group(3) + body)
+    src = _replace(src, "from triton.language.extra import libdevice\n", "from triton.language.extra import libdevice\n"
+                   "from triton.experimental.gluon.language.nvidia.ampere import async_copy\n")
+    src = src.replace("ones, q_ready", "ones, b_bufs, q_ready")  # every signature and call passes the buffers
+    alloc = "    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)\n"
+    src = _replace(src, alloc, alloc + "    b_layout: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])\n"
+                   f"    b_bufs = gl.allocate_shared_memory({ptr}.dtype.element_ty, [CONSUMERS, BM, BLOCK_N], b_layout)\n")
+    rest = None
+    for keys, after, more in ((KEYS_FIRST, KEYS_AFTER_FIRST, "1 < n_t"), (KEYS_LOOP, KEYS_AFTER_LOOP, "j + 1 < n_t")):
+        call = _score_call(src, keys)
+        ind, rest = call.group(1), call.group(2)
+        src = src.replace(call.group(0), f"\n{ind}async_copy.wait_group(0)\n{ind}{name}_raw = bbuf.load(s_layout)\n"
+                          f"{ind}if {more}:\n{ind}    _score_copy(bbuf, rm, {after}, {rest})\n"
+                          f"{ind}x = _score(s, rm, {keys}, {name}_raw, {rest})")
+    return _replace(src, ITEM_START, f"    bbuf = b_bufs.index(WG)\n    _score_copy(bbuf, rm, {KEYS_FIRST}, {rest})\n" + ITEM_START)
+
+
+def _output_loads_at(src: str, anchor: str) -> str:
+    """The epilogue's loads (an output gate) issued at ``anchor`` of _attend, converted where they were."""
+    epilogue = _must(re.search(r"    DV: gl.constexpr = D\n", src), "the epilogue's output ops")
+    loads = list(LOAD.finditer(src, epilogue.end()))
+    _must(loads, "a load in the epilogue")
+    early = ("    out_rows = row0 + gl.arange(0, BM, layout=o_rows)\n"
+             "    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))\n"
+             "    g_rm = gl.expand_dims(out_rows, 1)\n    g_dvc = gl.expand_dims(out_cols, 0)\n")
+    for m in loads:
+        src = src.replace(m.group(0), f"{m.group(1)}{m.group(2)} = {m.group(2)}_raw.to({m.group(5)})")
+        load = f"gl.load({m.group(3)}, mask={m.group(4)}, other=0)"
+        early += f"    {m.group(2)}_raw = " + re.sub(r"\brm\b", "g_rm", re.sub(r"\bdvc\b", "g_dvc", re.sub(r"\bDV\b", "D", load))) + "\n"
+    return _replace(src, anchor, early + anchor)
+
+
+def gate_early(src: str) -> str:
+    """The epilogue's loads issued before the item's last P·V product."""
+    return _output_loads_at(src, "    last = (t + n_t - 1) % NBUF\n")
+
+
+def gate_first(src: str) -> str:
+    """The epilogue's loads issued at the item's start, held in registers across its key loop."""
+    return _output_loads_at(src, ITEM_START)
+
+
+def without(names: str):
+    """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""
+    def edit(src: str) -> str:
+        for name in names.split(","):
+            src, n = re.subn(rf"^( +){name} = gl\.load\(.*$", rf"\g<1>{name} = 0.0", src, flags=re.M)
+            _must(n, f"a load named {name}")
+        return src
+    edit.__name__ = f"without:{names}"
+    return edit
+
+
+EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first)}
+
+
+def edit_named(name: str):
+    """An edit of ``EDITS``, or ``without:NAMES``."""
+    if name.startswith("without:"):
+        return without(name.split(":", 1)[1])
+    return EDITS[name]
+
+
+def main():
+    import torch
+
+    import fxflash
+    from fxflash.codegen import op as region_op
+    from fxflash.codegen import tuning
+    from fxflash.codegen.launch import Launcher
+    from bench_attention import medians
+    from tile_sweep import add_case_options, case_of
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_case_options(parser)
+    parser.add_argument("--edits", nargs="+", required=True, help=f"of {list(EDITS)}, or without:NAME[,NAME…]")
+    parser.add_argument("--tiles", nargs="+", default=["gluonx3x128x3x0x1"], help="Gluon tiles as tuning labels")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--show", action="store_true", help="print each edited source")
+    opts = parser.parse_args()
+    fields, fn, args, flops = case_of(opts)
+    print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
+    fast = fxflash.optimize(fn)
+    before = set(region_op._REGISTRY)
+    with tuning.pinned(tuning.tile_of(opts.tiles[0])):
+        reference = fast(*args)
+    (key,) = set(region_op._REGISTRY) - before
+    entry = region_op._REGISTRY[key]
+    printed = entry.plan.gluon.source
+    sources = {"printed": printed, **{name: edit_named(name)(printed) for name in opts.edits}}
+    plans = {}
+    for name, source in sources.items():
+        if opts.show and name != "printed":
+            print(source)
+        plan = dataclasses.replace(entry.plan, gluon=dataclasses.replace(entry.plan.gluon, source=source))
+        plans[name] = (plan, Launcher(plan, entry.kernel))
+    times = {}
+    for r in range(opts.rounds):
+        for label in opts.tiles:
+            for name in (list(sources) if r % 2 == 0 else list(sources)[::-1]):
+                entry.plan, entry.launcher = plans[name]
+                try:
+                    with tuning.pinned(tuning.tile_of(label)):
+                        out = fast(*args)
+                        diff = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+                        graph = medians(lambda: fast(*args))[1]
+                except Exception as exc:  # an edit this tile cannot compile or launch
+                    print(f"{label:<22} {name:<18} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                times.setdefault((label, name), []).append(graph)
+                print(f"round {r} {label:<22} {name:<18} {graph:.4f} ms (graph replay) "
+                      f"{flops / graph / 1e9:.0f} TFLOP/s  rel. diff {diff:.1e}", flush=True)
+    entry.plan, entry.launcher = plans["printed"]
+    for (label, name), t in sorted(times.items()):
+        print(f"median {label:<22} {name:<18} {statistics.median(t):.4f} ms")
+
+
+if __name__ == "__main__":
+    main()
