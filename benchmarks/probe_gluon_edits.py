@@ -1,7 +1,7 @@
 """Time hand edits of a region's generated Gluon kernel against the kernel as printed.
 
     PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
-        --edits gate_first bias_async without:x3 --tiles gluonx1x128x3x0x2x1 gluonx1x128x2x0x2x1
+        --per-element-loads --edits gate_first bias_async without:x3 --tiles gluonx1x128x3x0x2x1 gluonx1x128x2x0x2x1
     PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant alibi --seqlen 16384 --edits hoist_key_linear
 
 probe_edits.py's counterpart for the Gluon kernel (codegen/gluon.py): the variant's region is
@@ -10,7 +10,9 @@ source → source, raising ValueError where it finds nothing to change) is swapp
 registered region and timed with each tile of ``--tiles`` pinned, alternating the order of
 the sources per round: CUDA-graph replay medians and the relative difference from the printed
 kernel's output. ``without:x1,x3`` replaces the named loads by 0.0 — it changes the result and
-measures an upper bound, what those loads cost. Cases are the suite's shapes
+measures an upper bound, what those loads cost. The ``bias_*`` edits move the score's per-element
+loads: print the kernel with ``--per-element-loads`` (config.gluon_tma_tiles off; with it on, a
+[rows, keys] tile arrives by TMA instead, which is what the probe's measurements led to). Cases are the suite's shapes
 (``tile_sweep.case_of``). What wins is then built into codegen as a rule, with tests.
 """
 from __future__ import annotations
@@ -206,7 +208,15 @@ EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, 
 
 
 def edit_named(name: str):
-    """An edit of ``EDITS``, or ``without:NAMES``."""
+    """An edit of ``EDITS``, ``without:NAMES``, or several joined by ``+`` (applied in turn)."""
+    if "+" in name:
+        edits = [edit_named(part) for part in name.split("+")]
+
+        def chain(src: str) -> str:
+            for edit in edits:
+                src = edit(src)
+            return src
+        return chain
     if name.startswith("without:"):
         return without(name.split(":", 1)[1])
     return EDITS[name]
@@ -224,13 +234,16 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_case_options(parser)
-    parser.add_argument("--edits", nargs="+", required=True, help=f"of {list(EDITS)}, or without:NAME[,NAME…]")
+    parser.add_argument("--edits", nargs="+", required=True, help=f"of {list(EDITS)}, or without:NAME[,NAME…]; A+B applies A, then B")
     parser.add_argument("--tiles", nargs="+", default=["gluonx3x128x3x0x1"], help="Gluon tiles as tuning labels")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--show", action="store_true", help="print each edited source")
+    parser.add_argument("--per-element-loads", action="store_true",
+                        help="print the kernel with config.gluon_tma_tiles off (the bias_* edits change those loads)")
     opts = parser.parse_args()
     fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
+    fxflash.config.gluon_tma_tiles = not opts.per_element_loads
     fast = fxflash.optimize(fn)
     before = set(region_op._REGISTRY)
     with tuning.pinned(tuning.tile_of(opts.tiles[0])):

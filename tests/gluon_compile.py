@@ -47,35 +47,38 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     kernel = load_kernel(plan.source, plan.name)
     layout = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
-    def desc(rows):
-        block = [rows, d]
-        return f"tensordesc<{TYPES[dtype]}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
+    def desc(rows, cols=d):
+        block = [rows, cols]
+        return f"tensordesc<{TYPES[dtype]}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
     runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n), "out_ptr": f"*{TYPES[dtype]}"}
-    for spec, arg in zip(plan.args, kernel.arg_names[4:]):
+    first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: [rows, keys] tiles
+    runtime.update({name: desc(64 * consumers, block_n) for name in kernel.arg_names[3:first - 1]})
+    for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
     tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent)
     maxnreg, regs = register_budget(consumers, ctas)
     constexprs = gluon_launch.constexprs(tile)  # the kernel's last arguments, in order (BoundGluonLaunch)
     assert list(kernel.arg_names[-len(constexprs):]) == list(constexprs), kernel.arg_names
-    ones, attrs = jit_specializations(plan, kernel.arg_names, tuple(region.frame.meta["val"].shape))
+    ones, attrs = jit_specializations(plan, kernel.arg_names[first:], tuple(region.frame.meta["val"].shape), first)
     signature = {n: "constexpr" if n in ones or n in constexprs else runtime[n] for n in kernel.arg_names}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs={**constexprs, **ones}, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
-          f"{shared_bytes(tile, d, dtype.itemsize)}), {regs} registers per consumer thread; row sums "
+          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles))}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; {spills(compiled.asm['ptx'])}")
 
 
-def jit_specializations(plan, arg_names, frame) -> tuple[dict, dict]:
+def jit_specializations(plan, arg_names, frame, first) -> tuple[dict, dict]:
     """What Triton's JIT would specialize the kernel on at a launch with these inputs' strides
     and sizes (16-byte aligned pointers): integer arguments equal to 1 become constants, those
     divisible by 16 and every pointer get ``tt.divisibility`` 16 (vectorized loads depend on
-    both). Returns (constant arguments, attributes by argument index)."""
-    ones, attrs = {}, {3: True}  # out_ptr
-    for index, (spec, arg) in enumerate(zip(plan.args, arg_names[4:]), start=4):
+    both). ``arg_names``: the kernel's arguments from ``first``, ``plan.args``'s. Returns (constant
+    arguments, attributes by argument index)."""
+    ones, attrs = {}, {first - 1: True}  # out_ptr
+    for index, (spec, arg) in enumerate(zip(plan.args, arg_names), start=first):
         value = {"stride": lambda: plan.input_nodes[spec[1]].meta["val"].stride(spec[2]),
                  "size": lambda: plan.input_nodes[spec[1]].meta["val"].size(spec[2]),
                  "frame": lambda: frame[spec[1]]}.get(spec[0], lambda: None)()

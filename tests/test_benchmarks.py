@@ -174,7 +174,11 @@ GLUON_EDITS = [
 
 
 def _gluon_source(name: str) -> str:
+    """``name``'s printed Gluon kernel with per-element loads (config.gluon_tma_tiles off: the
+    probe's bias_* edits move those loads; ``--per-element-loads``)."""
     import torch
+
+    from fxflash import config
 
     from fxflash.codegen.gluon import emit_gluon
     from fxflash.patterns import find_chains
@@ -185,7 +189,11 @@ def _gluon_source(name: str) -> str:
     args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=64, Dv=64), torch.bfloat16)
     _, analysis = analysed(VARIANTS[name].fn, *args)
     (chain,) = find_chains(analysis)
-    return emit_gluon(build_region(analysis, chain), analysis.kinds).source
+    tma, config.gluon_tma_tiles = config.gluon_tma_tiles, False
+    try:
+        return emit_gluon(build_region(analysis, chain), analysis.kinds).source
+    finally:
+        config.gluon_tma_tiles = tma
 
 
 @pytest.mark.skipif(not gluon_available(), reason="this Triton has no Gluon Hopper API")
@@ -202,6 +210,7 @@ def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile):
         probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla"))
     assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant)) != _gluon_source(variant)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FXFLASH_GLUON_TMA_TILES"] = "0"
     here = os.path.dirname(__file__)
     done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), "--edit", edit, variant, "bfloat16",
                            "64", *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)

@@ -15,12 +15,15 @@ from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import tuning
-from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, gluon_api, gluon_tile,
+from fxflash.codegen.gluon import (GLUON_CONFIGS, emit_gluon, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, gluon_api, gluon_tile,
                                    register_budget, row_sums_by_mma, shared_bytes, to_gluon)
 from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
+from fxflash.patterns import find_chains
+from fxflash.patterns.region import build_region
 from fxflash.variants import VARIANTS, Shape
+from helpers import analysed
 
 SHAPE = Shape(B=2, H=4, Hkv=2, M=40, N=48, D=64, Dv=64)
 needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no Gluon Hopper API")
@@ -99,6 +102,8 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("evoformer_row", "bfloat16", 64, (1, 128, 3, 0, 2), "0"),
     ("vanilla", "bfloat16", 64, (3, 128, 3, 1, 1, 1), "0"),     # persistent grids
     ("evoformer_row", "float16", 64, (1, 128, 2, 0, 2, 1), "0"),
+    ("evoformer_row", "bfloat16", 64, (1, 128, 2, 0, 2, 1), "0"),  # the pair bias by TMA: fits two CTAs
+    ("additive_mask", "bfloat16", 128, (2, 128, 2, 0, 1), "0"),
     ("softcap", "bfloat16", 128, (2, 128, 2, 0, 1, 1), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
@@ -110,6 +115,27 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     shared, buffers = map(int, re.search(r"shared (\d+) bytes \(buffers (\d+)\)", compiled).groups())
     assert buffers <= shared <= buffers + 1024, compiled
     assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile)), compiled
+
+
+@needs_gluon
+@pytest.mark.parametrize("tma", [True, False])
+def test_score_tiles_of_rows_and_keys_arrive_by_tma(tma, monkeypatch):
+    """The Evoformer's pair bias ([B, 1, H, S, S]: a [rows, keys] tile per key tile) is read by the
+    loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), its batch
+    item's block located as Q's; its mask bias (one vector per key tile) and its gate (read by
+    the epilogue) are loaded per element; with the setting off, the pair bias too."""
+    monkeypatch.setattr(config, "gluon_tma_tiles", tma)
+    variant = VARIANTS["evoformer_row"]
+    args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)
+    _, analysis = analysed(variant.fn, *args)
+    (chain,) = find_chains(analysis)
+    plan = emit_gluon(build_region(analysis, chain), analysis.kinds)
+    shapes = [tuple(plan.input_nodes[i].meta["val"].shape) for i in plan.tiles]
+    assert shapes == ([tuple(args[4].shape)] if tma else [])
+    loads = re.findall(r"gl\.load\((in\d+)_ptr", plan.source)
+    assert len(loads) == (2 if tma else 3), loads
+    assert ("tile0_bufs.index(idx)" in plan.source) == tma
+    assert shared_bytes(("gluon", 1, 128, 2, 0, 2, 1), 64, 2, len(plan.tiles)) * 2 <= SHARED_BYTES
 
 
 @needs_gluon

@@ -263,8 +263,21 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
     args = variant.inputs(GLUON_SHAPES[d], dtype, "cuda")
     for region in fxflash.explain(variant.fn, *args).regions:  # diff_attention_chunked: two
         assert region.fused and "warp_specialize" in region.gluon_source, region.steps
-    with tuning.pinned(tile):
-        assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+    assert_accurate(variant.fn, args, _pinned_call(fxflash.optimize(variant.fn), args, tile))
+
+
+def _pinned_call(fast, args, tile):
+    """``fast(*args)`` with Gluon configuration ``tile`` pinned; skipped where its buffers do not
+    fit shared memory with the region's TMA-read score tiles (the tuner never offers it there)."""
+    from fxflash.codegen import tuning
+
+    try:
+        with tuning.pinned(tile):
+            return fast(*args)
+    except ValueError as exc:
+        if "exceed shared memory" in str(exc):
+            pytest.skip(str(exc))
+        raise
 
 
 # Persistent configurations: the tuner's, and with ping-pong; the regions without tile masks.
@@ -290,11 +303,11 @@ def test_persistent_gluon_kernel_walks_items_on_gpu(name, d, tile, monkeypatch):
     fast = fxflash.optimize(variant.fn)
     monkeypatch.setattr(fxflash.config, "bind_gluon_launches", False)  # each call computes its grid
     multiprocessors = gluon_launch._multiprocessors
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
+    few = _pinned_call(fast, args, tile)
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", multiprocessors)
+    assert_accurate(variant.fn, args, few)
     with tuning.pinned(tile):
-        monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
-        few = fast(*args)
-        monkeypatch.setattr(gluon_launch, "_multiprocessors", multiprocessors)
-        assert_accurate(variant.fn, args, few)
         torch.testing.assert_close(fast(*args), few, rtol=0, atol=0, equal_nan=True)
 
 

@@ -62,7 +62,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import DVC, ROW, Value, _Printer
+from .emit import COL, DVC, ROW, Value, _Printer, compute_dtype
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -90,7 +90,8 @@ GLUON_CONFIGS = {
 # the tuner on short rows (gluon_launch.GLUON_MIN_KEYS), where they beat the Triton kernel on the
 # H200: vanilla at 1k keys 0.176–0.181 ms against 0.188, the Evoformer's 256 keys 0.841 against 0.892.
 PERSISTENT_CONFIGS = {
-    64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 3, 0, 2, 1)),
+    64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 3, 0, 2, 1),
+         ("gluon", 1, 128, 2, 0, 2, 1)),
     128: (("gluon", 2, 128, 2, 0, 1, 1),),
 }
 
@@ -113,12 +114,14 @@ def gluon_tile(tile) -> GluonTile:
     return GluonTile(*tile[1:])
 
 
-def shared_bytes(tile, d: int, elem: int = 2) -> int:
-    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K and V tiles and,
-    with the row sums on the tensor cores, the ``[8, block_n]`` ones of ``P·1``, for one CTA."""
+def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0) -> int:
+    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K and V tiles,
+    ``NBUF`` [rows, keys] tiles of each of ``tiles`` score inputs read by TMA (GluonPlan.tiles)
+    and, with the row sums on the tensor cores, the ``[8, block_n]`` ones of ``P·1``, for one CTA."""
     t = gluon_tile(tile)
+    rows = t.consumers * ROWS_PER_CONSUMER
     ones = 8 * t.block_n if row_sums_by_mma(tile) else 0
-    return ((1 + t.persistent) * t.consumers * ROWS_PER_CONSUMER * d + 2 * t.nbuf * t.block_n * d + ones) * elem
+    return ((1 + t.persistent) * rows * d + 2 * t.nbuf * t.block_n * d + tiles * t.nbuf * rows * t.block_n + ones) * elem
 
 
 def row_sums_by_mma(tile) -> bool:
@@ -308,6 +311,7 @@ class GluonPlan:
     summaries: tuple
     d: int
     dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
+    tiles: tuple = ()    # input indices of the score's [rows, keys] tiles read by TMA (_GluonPrinter)
 
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
@@ -315,11 +319,38 @@ class GluonPlan:
         new = [nodes.index(n) for n in self.input_nodes]  # every input of a region is the Triton kernel's
         args = [(spec[0], new[spec[1]], *spec[2:]) if spec[0] in INPUT_ARGS else spec for spec in self.args]
         return dataclasses.replace(self, args=args, input_nodes=list(nodes),
-                                   operands=tuple(new[i] for i in self.operands),
+                                   operands=tuple(new[i] for i in self.operands), tiles=tuple(new[i] for i in self.tiles),
                                    summaries=tuple((new[i], axis) for i, axis in self.summaries))
 
 
 INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
+
+
+class _GluonPrinter(_Printer):
+    """emit's printer with one change for the Gluon kernel: a [rows, keys] tile of a 16-bit
+    tensor input of the score (the Evoformer's pair bias) is not loaded per element but read
+    from the shared memory that the loader's TMA filled beside K and V (config.gluon_tma_tiles):
+    its L2 latency then hides behind the K/V ring like K's and V's."""
+
+    def __init__(self, region: Region, name: str):
+        super().__init__(region, name)
+        self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset)
+
+    def load(self, node: fx.Node, idx: tuple) -> Value:
+        if not self.is_tma_tile(node, idx):
+            return super().load(node, idx)
+        i = self.tensor_input(node)
+        _, batch = self.input_address(node, idx[:-2] + (None, None))  # the batch item's offset, int64
+        self.tiles.append((i, f"in{i}_s{len(idx) - 2}", batch))
+        return self.place(f"tile{len(self.tiles) - 1}.to({compute_dtype(node.meta['val'].dtype)})", True, "x")
+
+    def is_tma_tile(self, node: fx.Node, idx: tuple) -> bool:
+        """Is ``node`` at ``idx`` a [rows, keys] tile TMA can read: the score's (not the epilogue's),
+        its last two axes the rows and the keys, every other axis a batch index or broadcast,
+        16-bit (launch_refusal checks the rest: the keys contiguous, the rows 16-byte aligned)."""
+        return (config.gluon_tma_tiles and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
+                and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
+                and node.meta["val"].element_size() == 2)
 
 
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
@@ -328,7 +359,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     Gluon form."""
     r = region
     sm = softmax_of(r)
-    pr = _Printer(r, name)
+    pr = _GluonPrinter(r, name)
     fb = pr.begin(kinds)
     operands = tuple(pr.tensor_input(op.node) for op in (r.q, r.k, r.v))
     rows = []  # _item's lines: each operand's first row in its [rows, D] view, for batch ``lin``
@@ -364,9 +395,9 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
-                     DTYPES[r.q.node.meta["val"].dtype])
+                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D,
-                     dense=not pr.skips_tiles)
+                     dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles))
 
 
 # The consumer's store of its rows ``out`` (fp32, [64, D] in the wgmma layout) into a contiguous
@@ -410,18 +441,27 @@ def attach(plan, region: Region, kinds: dict) -> None:
 PRINTER_FAILED = "printing it failed, a bug in fxflash's Gluon printer"
 
 
-def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype) -> str:
+def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=()) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value); ``store``: the epilogue's lines after
-    ``out`` (_output_store)."""
+    ``out`` (_output_store); ``tiles``: the score's inputs read by TMA (_GluonPrinter.tiles)."""
     api = gluon_api()
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
     full = "_score_full" in scores
+    names = [f"tile{j}" for j in range(len(tiles))]
     # a work item's values (_work): what the loader and the consumers need of it
-    work = f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
-    common = (f"q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, ones, q_ready, q_empty, k_ready, v_ready, kv_empty, "
-              f"turns, out_ptr, {work}, {', '.join(params)}")
+    work = (f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
+            + "".join(f", {t}_row, {t}_col" for t in names))
+    descs = "".join(f"{t}_desc, " for t in names)
+    common = (f"q_desc, k_desc, v_desc, {descs}q_bufs, k_bufs, v_bufs, {''.join(f'{t}_bufs, ' for t in names)}ones, "
+              f"q_ready, q_empty, k_ready, v_ready, kv_empty, turns, out_ptr, {work}, {', '.join(params)}")
+    # each tile's first row and column in its [R, sr] matrix (as Q's), its key tiles beside K's
+    tile_work = [line for t, (_, sr, batch) in zip(names, tiles) for line in (
+        f"{t}_off = lin.to(gl.int64) * 0 + {to_gluon(batch)}", f"{t}_row = ({t}_off // {sr}).to(gl.int32) + mt * BLOCK_M",
+        f"{t}_col = ({t}_off % {sr}).to(gl.int32)")]
+    tile_loads = "".join(f"\n        {api['tma_load']}({t}_desc, [{t}_row, {t}_col + key], k_ready.index(idx), {t}_bufs.index(idx))"
+                         for t in names)
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
@@ -429,22 +469,29 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     body = "\n".join
     lines = [line for code, _ in scores.values() for line in code] + store
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
-    score_fns = "\n\n\n".join(SCORE_FN.format(fn=fn, fbs=fbs, sp=sp, x=x, lines=body("    " + line for line in code))
+    score_fns = "\n\n\n".join(SCORE_FN.format(fn=fn, tiles="".join(t + ", " for t in names), fbs=fbs, sp=sp, x=x,
+                                                 lines=body("    " + line for line in code))
                              for fn, (code, x) in scores.items())
-    def score_call(key_tile: str, indent: str) -> str:
-        """``x`` for key tile ``key_tile``: through ``_score_full`` on the run of full tiles."""
-        call = f"(s, rm, gl.expand_dims({key_tile} * BLOCK_N + cols, 0), {fbs}{sp})"
+    def score_call(key_tile: str, buf: str, indent: str) -> str:
+        """``x`` for key tile ``key_tile`` (K/V ring buffer ``buf``): through ``_score_full`` on the run
+        of full tiles; the consumer's rows of each TMA-read tile first."""
+        reads = "".join(f"{t} = {t}_bufs.index({buf}).slice(WG * BM, BM).load(s_layout)\n{indent}" for t in names)
+        call = f"(s, rm, gl.expand_dims({key_tile} * BLOCK_N + cols, 0), {''.join(t + ', ' for t in names)}{fbs}{sp})"
         if not full:
-            return f"x = _score{call}"
-        return (f"if ({key_tile} >= f_lo) & ({key_tile} < f_hi):\n{indent}    x = _score_full{call}\n"
+            return f"{reads}x = _score{call}"
+        return (f"{reads}if ({key_tile} >= f_lo) & ({key_tile} < f_hi):\n{indent}    x = _score_full{call}\n"
                 f"{indent}else:\n{indent}    x = _score{call}")
     consumers = "\n".join(
         f"@gluon.jit\ndef _consumer{wg}({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):\n"
         f"    _walk({common}, n_items, _consume_item, {wg}, PINGPONG, ROWS_P2)\n" for wg in range(3))
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
-        params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "    "),
-        loop_score=score_call("(lo_t + j)", "        "), k=repr(k),
+        params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "t % NBUF", "    "),
+        loop_score=score_call("(lo_t + j)", "idx", "        "), k=repr(k), descs=descs,
+        tile_work="".join("\n    " + line for line in tile_work), tile_loads=tile_loads,
+        tile_bytes="".join(f" + {t}_desc.block_type.nbytes" for t in names),
+        tile_alloc="".join(f"\n    {t}_bufs = gl.allocate_shared_memory({t}_desc.dtype, [NBUF, BLOCK_M, BLOCK_N], {t}_desc.layout)"
+                           for t in names),
         item=body("    " + line for line in ["n_mt = gl.cdiv(M, BLOCK_M)", f"mt = {mt}", "lin = item // n_mt",
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
@@ -457,9 +504,9 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
 
 # A score function (``_score``, and ``_score_full`` with the masks folded).
 SCORE_FN = '''@gluon.jit
-def {fn}(s, rm, cn, {fbs}{sp}):
-    """The region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys ``cn``), as the
-    maximum reads them (without their folded positive factor)."""
+def {fn}(s, rm, cn, {tiles}{fbs}{sp}):
+    """The region's scores for one key tile (``s`` = Q·Kᵀ, rows ``rm``, keys ``cn``, the consumer's
+    rows of each TMA-read tile), as the maximum reads them (without their folded positive factor)."""
     col_ok = cn < N
 {lines}
     return {x}'''
@@ -503,7 +550,7 @@ def _work(item, {params}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS_P2:
     """Work item ``item`` (a batch index and a block of BLOCK_M rows) → its batch indices, each
     operand's first row and column in its [R, sr] matrix, and its key tiles [lo_t, lo_t + n_t)."""
 {item}
-    q_row = q_row + mt * BLOCK_M
+    q_row = q_row + mt * BLOCK_M{tile_work}
 {tile_range}
     lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
     n_t = gl.maximum(hi_t - lo_t, 1)
@@ -556,8 +603,8 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         idx = (t + j) % NBUF
         mbarrier.wait(kv_empty.index(idx), (((t + j) // NBUF) & 1) ^ 1)
         key = (lo_t + j) * BLOCK_N
-        mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)
-        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx))
+        mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes{tile_bytes})
+        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx)){tile_loads}
         mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
         {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx))
 
@@ -700,7 +747,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 {consumers}
 
 @gluon.jit
-def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
+def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
            CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr,
            CTAS: gl.constexpr):
     """One CTA per work item (a batch index and a block of 64·CONSUMERS rows), or with
@@ -716,7 +763,7 @@ def {name}(q_desc, k_desc, v_desc, out_ptr, {params}, CONSUMERS: gl.constexpr, N
     n_items = {items}
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [QB * CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout){tile_alloc}
     if MMA_ROW_SUM and CTAS == 1:  # gluon.row_sums_by_mma: the ones of P·1, keys along rows like K's
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         ones = gl.allocate_shared_memory(k_desc.dtype, [8, BLOCK_N], k_desc.layout,

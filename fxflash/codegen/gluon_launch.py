@@ -21,26 +21,27 @@ def _hopper(index) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
-def _rows_view_refusal(t: torch.Tensor, d: int) -> str | None:
+def _rows_view_refusal(t: torch.Tensor, d: int, what: str = "an operand", last: str = "head dim") -> str | None:
     """Why ``t`` ([*batch, rows, d]) cannot be read by TMA as one matrix [R, sr] (sr: its row
     stride), each batch item's ``[rows, d]`` block at a row and column of it: the last axis
     contiguous, the rows 16-byte aligned; each batch axis either a whole number of rows apart
     (``[B, H, S, D]``'s heads) or inside one row, all such offsets together leaving ``d``
-    columns (``[B, S, H, D]``'s heads, ``sr = H·D``); the matrix inside ``t``'s storage."""
+    columns (``[B, S, H, D]``'s heads, ``sr = H·D``); the matrix inside ``t``'s storage.
+    ``what`` and ``last`` name ``t`` and its last axis in the reason."""
     sr = t.stride(-2)
     if t.shape[-1] != d or t.stride(-1) != 1 or sr <= 0:
-        return "an operand whose head dim is not contiguous"
+        return f"{what} whose {last} is not contiguous"
     if (sr * t.element_size()) % 16 or t.data_ptr() % 16:
-        return "an operand whose rows are not 16-byte aligned"
+        return f"{what} whose rows are not 16-byte aligned"
     # the offsets of the axes that are not whole rows apart, and D, must fit in one row
     inside = sum((n - 1) * st for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1 and st % sr)
     if inside + d > sr:
-        return "an operand whose batch axes are neither whole rows apart nor inside one row"
+        return f"{what} whose batch axes are neither whole rows apart nor inside one row"
     if _rows_total(t) >= INT32_ROWS:
         return "more than 2³¹ rows"
     storage = t.untyped_storage().nbytes() // t.element_size()
     if t.storage_offset() + _rows_total(t) * sr > storage:
-        return "an operand whose last row ends outside its storage"
+        return f"{what} whose last row ends outside its storage"
     return None
 
 
@@ -62,9 +63,13 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         why = _rows_view_refusal(inputs[i], gplan.d)
         if why:
             return why
+    for i in gplan.tiles:  # [rows, keys] tiles of the score read by TMA, as Q's rows are
+        why = _rows_view_refusal(inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis")
+        if why:
+            return why
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
-    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size()) * t.ctas > SHARED_BYTES:
+    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size(), len(gplan.tiles)) * t.ctas > SHARED_BYTES:
         return "its buffers exceed shared memory"
     return None
 
@@ -91,29 +96,37 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
 
 
 def _blocks(gplan: GluonPlan, tile) -> tuple:
-    """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V."""
-    block_n = gluon_tile(tile).block_n
-    return [ROWS_PER_CONSUMER, gplan.d], [block_n, gplan.d], [block_n, gplan.d]
+    """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V; then of
+    each score tile (GluonPlan.tiles): the CTA's rows of one key tile."""
+    t = gluon_tile(tile)
+    tiles = [[t.consumers * ROWS_PER_CONSUMER, t.block_n]] * len(gplan.tiles)
+    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.d], *tiles
+
+
+def tma_inputs(gplan: GluonPlan) -> tuple:
+    """The input indices the kernel's TMA descriptors read, in the kernel's order: Q, K, V, then
+    the score's tiles."""
+    return (*gplan.operands, *gplan.tiles)
 
 
 def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
-    """The shared-memory layouts of Q's, K's and V's TMA blocks (~12 µs of host time each to
-    build; launch.BoundGluonLaunch builds them, with its descriptors, once)."""
+    """The shared-memory layouts of the TMA blocks (~12 µs of host time each to build;
+    launch.BoundGluonLaunch builds them, with its descriptors, once)."""
     from triton.experimental.gluon import language as gl
 
     dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
     return tuple(gl.NVMMASharedLayout.get_default_for(block, dtypes[inputs[i].dtype])
-                 for i, block in zip(gplan.operands, _blocks(gplan, tile)))
+                 for i, block in zip(tma_inputs(gplan), _blocks(gplan, tile)))
 
 
 def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
-    """The TMA descriptors of Q, K and V for configuration ``tile`` (the kernel's first
-    arguments), each operand read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
+    """The TMA descriptors of Q, K, V and the score's tiles for configuration ``tile`` (the
+    kernel's first arguments), each input read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     layouts = shared_layouts(gplan, tile, inputs)
     descs = []
-    for i, block, layout in zip(gplan.operands, _blocks(gplan, tile), layouts):
+    for i, block, layout in zip(tma_inputs(gplan), _blocks(gplan, tile), layouts):
         t = inputs[i]
         rows = t.as_strided((_rows_total(t), t.stride(-2)), (t.stride(-2), 1))
         descs.append(TensorDescriptor.from_tensor(rows, block, layout))

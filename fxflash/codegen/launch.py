@@ -183,14 +183,15 @@ class BoundGluonLaunch:
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
-        self.descs = descs      # Q's, K's and V's TMA descriptors as built for the first call, detached
+        self.descs = descs      # the TMA descriptors (Q, K, V, score tiles) built for the first call, detached
 
     @classmethod
     def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
         """The launch just made, or None where Triton's objects do not have the expected form."""
         names = getattr(launcher.gluon_kernel, "arg_names", None)
         consts = gluon_launch.constexprs(tile)
-        runtime = 4 + len(launcher.plan.gluon.args)  # the Q/K/V descriptors, out_ptr, plan.args
+        gplan = launcher.plan.gluon
+        runtime = 4 + len(gplan.tiles) + len(gplan.args)  # the TMA descriptors, out_ptr, plan.args
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
@@ -201,7 +202,7 @@ class BoundGluonLaunch:
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
         inputs = replay_views(inputs, self.views)
-        descs = [gluon_launch.rebased(desc, inputs[i]) for desc, i in zip(self.descs, gplan.operands)]
+        descs = [gluon_launch.rebased(desc, inputs[i]) for desc, i in zip(self.descs, gluon_launch.tma_inputs(gplan))]
         self.runner(*descs, out, *_gluon_args(gplan, self.tile, inputs, self.frame, out, sides), *self.tail)
 
 
