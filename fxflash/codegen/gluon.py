@@ -15,6 +15,9 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 * the region's score DAG is printed op by op into ``_score`` by emit's printer (the ops map
   one to one onto Gluon's, ``GLUON_NAMES``), index expressions from the tile's row and key
   indices, tensor inputs loaded at their strides;
+* a [rows, keys] tile of a 16-bit score input (a pair bias, an additive mask) comes with each
+  K tile by TMA (the same barrier and ring slot; ``GluonPlan.tiles``, config.gluon_tma_tiles),
+  each consumer reading its rows back from shared memory instead of loading them per element;
 * the key tiles a mask empties are never loaded: the tile range ``[lo_t, hi_t)`` comes from
   the same interval tests as emit's (``tile_range``), computed once per CTA before the
   warps split (``_work``), and every visited tile evaluates the masks;
@@ -89,6 +92,8 @@ GLUON_CONFIGS = {
 # under the previous one's epilogue; regions without tile masks only (GluonPlan.dense). Timed by
 # the tuner on short rows (gluon_launch.GLUON_MIN_KEYS), where they beat the Triton kernel on the
 # H200: vanilla at 1k keys 0.176–0.181 ms against 0.188, the Evoformer's 256 keys 0.841 against 0.892.
+# One consumer with two K/V buffers leaves room, two CTAs per SM, for a ring of TMA-read score
+# tiles (the Evoformer's pair bias: 0.780 ms at B=8 with it, the only such configuration that fits).
 PERSISTENT_CONFIGS = {
     64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 3, 0, 2, 1),
          ("gluon", 1, 128, 2, 0, 2, 1)),
@@ -347,10 +352,12 @@ class _GluonPrinter(_Printer):
     def is_tma_tile(self, node: fx.Node, idx: tuple) -> bool:
         """Is ``node`` at ``idx`` a [rows, keys] tile TMA can read: the score's (not the epilogue's),
         its last two axes the rows and the keys, every other axis a batch index or broadcast,
-        16-bit (launch_refusal checks the rest: the keys contiguous, the rows 16-byte aligned)."""
+        16-bit, traced with contiguous keys and rows apart (not a row broadcast by ``expand``);
+        launch_refusal checks each launch's layout (TMA: the rows 16-byte aligned)."""
+        val = node.meta["val"]
         return (config.gluon_tma_tiles and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
                 and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
-                and node.meta["val"].element_size() == 2)
+                and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
 
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
