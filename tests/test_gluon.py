@@ -46,7 +46,7 @@ def region_of(name, dtype=torch.bfloat16, shape=SHAPE):
     ("gqa_expand", ["k_nb2", "k_sb2"]),             # K's broadcast head axis, unravelled for its rows
     ("scale_q_first", ["(s * 0.125)"]),              # q·2⁻³ folded into the scores: exact
     ("bshd", ["q_col", "k_col"]),                    # heads inside a row: read at a column of it
-    ("evoformer_row", ["(s * 0.125)", "_fx_sigmoid(", "out_s4", "gl.load(in5_ptr"]),  # the gate in the epilogue
+    ("evoformer_row", ["(s * 0.125)", "_fx_sigmoid(", "out_s4", "gate0 = q_bufs.index("]),  # the gate in the epilogue
 ])
 def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed):
     region = region_of(name)
@@ -119,11 +119,12 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
 
 @needs_gluon
 @pytest.mark.parametrize("tma", [True, False])
-def test_score_tiles_of_rows_and_keys_arrive_by_tma(tma, monkeypatch):
+def test_score_tiles_and_the_gate_arrive_by_tma(tma, monkeypatch):
     """The Evoformer's pair bias ([B, 1, H, S, S]: a [rows, keys] tile per key tile) is read by the
-    loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), its batch
-    item's block located as Q's; its mask bias (one vector per key tile) and its gate (read by
-    the epilogue) are loaded per element; with the setting off, the pair bias too."""
+    loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), and its
+    gate ([B, N_seq, S, H, D], rows on axis 2) into the item's Q buffers once its last Q·Kᵀ is
+    done (GluonPlan.gates), each located as Q's block is; its mask bias (one vector per key tile)
+    is loaded per element; with the setting off, all three are."""
     monkeypatch.setattr(config, "gluon_tma_tiles", tma)
     variant = VARIANTS["evoformer_row"]
     args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)
@@ -132,9 +133,12 @@ def test_score_tiles_of_rows_and_keys_arrive_by_tma(tma, monkeypatch):
     plan = emit_gluon(build_region(analysis, chain), analysis.kinds)
     shapes = [tuple(plan.input_nodes[i].meta["val"].shape) for i in plan.tiles]
     assert shapes == ([tuple(args[4].shape)] if tma else [])
+    gates = [(tuple(plan.input_nodes[i].meta["val"].shape), axis) for i, axis in plan.gates]
+    assert gates == ([(tuple(args[5].shape), 2)] if tma else [])
     loads = re.findall(r"gl\.load\((in\d+)_ptr", plan.source)
-    assert len(loads) == (2 if tma else 3), loads
+    assert len(loads) == (1 if tma else 3), loads
     assert ("tile0_bufs.index(idx)" in plan.source) == tma
+    assert ("mbarrier.wait(q_free.index(qb)" in plan.source) == tma  # the loader waits for the last Q·Kᵀ
     assert shared_bytes(("gluon", 1, 128, 2, 0, 2, 1), 64, 2, len(plan.tiles)) * 2 <= SHARED_BYTES
 
 

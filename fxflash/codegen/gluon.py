@@ -317,6 +317,7 @@ class GluonPlan:
     d: int
     dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
     tiles: tuple = ()    # input indices of the score's [rows, keys] tiles read by TMA (_GluonPrinter)
+    gates: tuple = ()    # (input index, row axis) of an output gate read by TMA into the Q buffers
 
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
@@ -325,6 +326,7 @@ class GluonPlan:
         args = [(spec[0], new[spec[1]], *spec[2:]) if spec[0] in INPUT_ARGS else spec for spec in self.args]
         return dataclasses.replace(self, args=args, input_nodes=list(nodes),
                                    operands=tuple(new[i] for i in self.operands), tiles=tuple(new[i] for i in self.tiles),
+                                   gates=tuple((new[i], axis) for i, axis in self.gates),
                                    summaries=tuple((new[i], axis) for i, axis in self.summaries))
 
 
@@ -340,8 +342,14 @@ class _GluonPrinter(_Printer):
     def __init__(self, region: Region, name: str):
         super().__init__(region, name)
         self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset)
+        self.gates: list = []  # at most one: (input index, its row axis, row stride's parameter, batch offset)
 
     def load(self, node: fx.Node, idx: tuple) -> Value:
+        if self.is_tma_gate(node, idx):
+            i, axis = self.tensor_input(node), idx.index(ROW)
+            _, batch = self.input_address(node, tuple(e if e not in (ROW, DVC) else None for e in idx))
+            self.gates.append((i, axis, f"in{i}_s{axis}", batch))
+            return self.place(f"gate0.to({compute_dtype(node.meta['val'].dtype)})", False, "x")
         if not self.is_tma_tile(node, idx):
             return super().load(node, idx)
         i = self.tensor_input(node)
@@ -358,6 +366,17 @@ class _GluonPrinter(_Printer):
         return (config.gluon_tma_tiles and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
                 and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
                 and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
+
+    def is_tma_gate(self, node: fx.Node, idx: tuple) -> bool:
+        """Is ``node`` at ``idx`` an output gate TMA can read into the item's Q buffers (the
+        epilogue's first load of a [rows, Dv] block: one axis the rows, the last the head dim,
+        every other a batch index or broadcast, Q's dtype, traced with a contiguous head dim)?"""
+        val = node.meta["val"]
+        rows = [a for a, e in enumerate(idx) if e == ROW]
+        return (config.gluon_tma_tiles and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
+                and len(rows) == 1 and all(e in (None, ROW) or re.fullmatch(r"fb\d+", e) for e in idx[:-1])
+                and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
+                and val.stride(-1) == 1 and val.stride(rows[0]) > 0)
 
 
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
@@ -402,9 +421,10 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
-                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles)
+                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D,
-                     dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles))
+                     dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
+                     gates=tuple((i, axis) for i, axis, _, _ in pr.gates))
 
 
 # The consumer's store of its rows ``out`` (fp32, [64, D] in the wgmma layout) into a contiguous
@@ -448,27 +468,30 @@ def attach(plan, region: Region, kinds: dict) -> None:
 PRINTER_FAILED = "printing it failed, a bug in fxflash's Gluon printer"
 
 
-def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=()) -> str:
+def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=()) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value); ``store``: the epilogue's lines after
-    ``out`` (_output_store); ``tiles``: the score's inputs read by TMA (_GluonPrinter.tiles)."""
+    ``out`` (_output_store); ``tiles`` and ``gates``: the inputs read by TMA (_GluonPrinter)."""
     api = gluon_api()
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
     full = "_score_full" in scores
     names = [f"tile{j}" for j in range(len(tiles))]
     # a work item's values (_work): what the loader and the consumers need of it
+    located = [*zip(names, ((sr, batch) for _, sr, batch in tiles)), *(("gate0", (sr, batch)) for _, _, sr, batch in gates)]
     work = (f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
-            + "".join(f", {t}_row, {t}_col" for t in names))
-    descs = "".join(f"{t}_desc, " for t in names)
+            + "".join(f", {t}_row, {t}_col" for t, _ in located))
+    descs = "".join(f"{t}_desc, " for t, _ in located)
     common = (f"q_desc, k_desc, v_desc, {descs}q_bufs, k_bufs, v_bufs, {''.join(f'{t}_bufs, ' for t in names)}ones, "
-              f"q_ready, q_empty, k_ready, v_ready, kv_empty, turns, out_ptr, {work}, {', '.join(params)}")
-    # each tile's first row and column in its [R, sr] matrix (as Q's), its key tiles beside K's
-    tile_work = [line for t, (_, sr, batch) in zip(names, tiles) for line in (
+              f"q_ready, q_empty, {'g_ready, q_free, ' if gates else ''}k_ready, v_ready, kv_empty, turns, out_ptr, {work}, "
+              f"{', '.join(params)}")
+    # each TMA-read input's first row and column in its [R, sr] matrix, as Q's
+    tile_work = [line for t, (sr, batch) in located for line in (
         f"{t}_off = lin.to(gl.int64) * 0 + {to_gluon(batch)}", f"{t}_row = ({t}_off // {sr}).to(gl.int32) + mt * BLOCK_M",
         f"{t}_col = ({t}_off % {sr}).to(gl.int32)")]
     tile_loads = "".join(f"\n        {api['tma_load']}({t}_desc, [{t}_row, {t}_col + key], k_ready.index(idx), {t}_bufs.index(idx))"
                          for t in names)
+    gate = _gate_lines(gates, api["tma_load"], common)
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
@@ -495,7 +518,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
         params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "t % NBUF", "    "),
         loop_score=score_call("(lo_t + j)", "idx", "        "), k=repr(k), descs=descs,
-        tile_work="".join("\n    " + line for line in tile_work), tile_loads=tile_loads,
+        tile_work="".join("\n    " + line for line in tile_work), tile_loads=tile_loads, **gate,
         tile_bytes="".join(f" + {t}_desc.block_type.nbytes" for t in names),
         tile_alloc="".join(f"\n    {t}_bufs = gl.allocate_shared_memory({t}_desc.dtype, [NBUF, BLOCK_M, BLOCK_N], {t}_desc.layout)"
                            for t in names),
@@ -507,6 +530,44 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         store=body("    " + line for line in store),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
+
+
+def _gate_lines(gates, tma_load: str, common: str) -> dict:
+    """SKELETON's placeholders for an output gate read by TMA (``gates``: at most one): the loader
+    puts each item's gate rows into its Q buffers once every consumer's last ``Q·Kᵀ`` of the item
+    has completed (``q_free``), the epilogue waits for them (``g_ready``) and then releases the
+    buffers (``q_empty``); without a gate the Q buffers are released at the last ``Q·Kᵀ``."""
+    if not gates:
+        return dict(gate_load="", extra_worker="", extra_warps="", extra_regs="", pass_release="q_empty", pass_end="", gate_read="", gate_alloc="",
+                    attend_release="    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), count=1)  "
+                                   "# every Q·Kᵀ of this item has completed")
+    return dict(
+        gate_load=(f"\n\n\n@gluon.jit\ndef _load_gate_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):"
+                   "\n    \"\"\"The CTA's it-th item's gate rows into its Q buffers once every consumer's last Q·Kᵀ of"
+                   "\n    the item has completed (the second loader warp: _gate_loader).\"\"\""
+                   "\n    CONSUMERS: gl.constexpr = turns.type.shape[0]"
+                   "\n    QB: gl.constexpr = q_bufs.type.shape[0] // CONSUMERS"
+                   "\n    BM: gl.constexpr = q_desc.block_type.shape[0]"
+                   "\n    qb = it % QB"
+                   "\n    mbarrier.wait(q_free.index(qb), (it // QB) & 1)"
+                   "\n    mbarrier.expect(g_ready.index(qb), CONSUMERS * gate0_desc.block_type.nbytes)"
+                   "\n    for c in gl.static_range(CONSUMERS):"
+                   f"\n        {tma_load}(gate0_desc, [gate0_row + c * BM, gate0_col], g_ready.index(qb), "
+                   "q_bufs.index(qb * CONSUMERS + c))"
+                   f"\n\n\n@gluon.jit\ndef _gate_loader({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):"
+                   "\n    \"\"\"One warp: the gates (_load_gate_item).\"\"\""
+                   f"\n    _walk({common}, n_items, _load_gate_item, 0, PINGPONG, ROWS_P2)"),
+        extra_worker=", (_gate_loader, args)", extra_warps=", 1", extra_regs=f", {LOADER_REGS}",
+        pass_release="q_free",
+        pass_end="\n    mbarrier.wait(g_ready.index(qb), (it // QB) & 1)\n    mbarrier.arrive(q_empty.index(qb), count=1)",
+        attend_release="    mbarrier.arrive(q_free.index(qb), count=1)  # every Q·Kᵀ of this item has completed: the gate may come",
+        gate_read=("\n    mbarrier.wait(g_ready.index(qb), (it // QB) & 1)"
+                   "\n    gate0 = q_bufs.index(qb * CONSUMERS + WG).load(o_layout)"
+                   "\n    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), count=1)"),
+        gate_alloc=("\n    g_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
+                    "\n    q_free = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
+                    "\n    for i in gl.static_range(QB):"
+                    "\n        mbarrier.init(g_ready.index(i), count=1)\n        mbarrier.init(q_free.index(i), count=CONSUMERS)"))
 
 
 # A score function (``_score``, and ``_score_full`` with the masks folded).
@@ -613,7 +674,7 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes{tile_bytes})
         {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx)){tile_loads}
         mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
-        {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx))
+        {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx)){gate_load}
 
 
 @gluon.jit
@@ -640,7 +701,7 @@ def _pass({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     NBUF: gl.constexpr = k_bufs.type.shape[0]
     qb = it % QB
     mbarrier.wait(q_ready.index(qb), (it // QB) & 1)
-    mbarrier.arrive(q_empty.index(qb), count=1)
+    mbarrier.arrive({pass_release}.index(qb), count=1)
     for j in range(n_t):
         idx = (t + j) % NBUF
         mbarrier.wait(k_ready.index(idx), ((t + j) // NBUF) & 1)
@@ -649,7 +710,7 @@ def _pass({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         _pass_turn(turns, WG, PINGPONG)
         mbarrier.arrive(kv_empty.index(idx), count=1)
     _take_turn(turns, t + it + n_t, WG, PINGPONG)
-    _pass_turn(turns, WG, PINGPONG)
+    _pass_turn(turns, WG, PINGPONG){pass_end}
 
 
 @gluon.jit
@@ -726,8 +787,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         if ROW_SUM:
             l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha, l_rows), 1)
-    if QB > 1:
-        mbarrier.arrive(q_empty.index(qb), count=1)  # every Q·Kᵀ of this item has completed
+{attend_release}
     last = (t + n_t - 1) % NBUF
     mbarrier.wait(v_ready.index(last), ((t + n_t - 1) // NBUF) & 1)
     p_op = gl.convert_layout(p, p_layout)
@@ -745,7 +805,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
     out = acc {normalize}
     out_rows = row0 + gl.arange(0, BM, layout=o_rows)
-    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout)){gate_read}
 {store}
 
 
@@ -790,7 +850,7 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
         for i in gl.static_range(QB):
             mbarrier.init(q_empty.index(i), count=CONSUMERS)
     else:
-        q_empty = q_ready  # never waited on with one Q buffer
+        q_empty = q_ready  # never waited on with one Q buffer{gate_alloc}
     for i in gl.static_range(NBUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -799,10 +859,11 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
         mbarrier.init(turns.index(i), count=1)
     args = ({common}, n_items, PINGPONG, ROWS_P2)
     if CONSUMERS == 1:
-        gl.warp_specialize([(_consumer0, args), (_loader, args)], [1], [{loader_regs}])
+        gl.warp_specialize([(_consumer0, args), (_loader, args){extra_worker}], [1{extra_warps}], [{loader_regs}{extra_regs}])
     elif CONSUMERS == 2:
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args)], [4, 1], [CONSUMER_REGS, {loader_regs}])
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_loader, args){extra_worker}], [4, 1{extra_warps}],
+                           [CONSUMER_REGS, {loader_regs}{extra_regs}])
     else:
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_consumer2, args), (_loader, args)],
-                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, {loader_regs}])
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_consumer2, args), (_loader, args){extra_worker}],
+                           [4, 4, 1{extra_warps}], [CONSUMER_REGS, CONSUMER_REGS, {loader_regs}{extra_regs}])
 '''

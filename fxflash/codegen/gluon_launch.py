@@ -69,6 +69,10 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         why = _rows_view_refusal(inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis")
         if why:
             return why
+    for i, axis in gplan.gates:  # an output gate read by TMA into the Q buffers
+        why = _rows_view_refusal(inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim")
+        if why:
+            return why
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
     if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size(), len(gplan.tiles)) * t.ctas > SHARED_BYTES:
@@ -99,16 +103,25 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
 
 def _blocks(gplan: GluonPlan, tile) -> tuple:
     """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V; then of
-    each score tile (GluonPlan.tiles): the CTA's rows of one key tile."""
+    each score tile (GluonPlan.tiles): the CTA's rows of one key tile; then of the output gate
+    (GluonPlan.gates): one consumer's rows, as Q's."""
     t = gluon_tile(tile)
     tiles = [[t.consumers * ROWS_PER_CONSUMER, t.block_n]] * len(gplan.tiles)
-    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.d], *tiles
+    gates = [[ROWS_PER_CONSUMER, gplan.d]] * len(gplan.gates)
+    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.d], *tiles, *gates
 
 
 def tma_inputs(gplan: GluonPlan) -> tuple:
-    """The input indices the kernel's TMA descriptors read, in the kernel's order: Q, K, V, then
-    the score's tiles."""
-    return (*gplan.operands, *gplan.tiles)
+    """The input indices the kernel's TMA descriptors read, in the kernel's order: Q, K, V, the
+    score's tiles, the output gate."""
+    return (*gplan.operands, *gplan.tiles, *(i for i, _ in gplan.gates))
+
+
+def _tma_views(gplan: GluonPlan, inputs: list) -> list:
+    """What each TMA descriptor reads, as ``[*batch, rows, cols]`` (the gate's row axis moved
+    next to its last; the same first element, so a descriptor can be rebased on the input)."""
+    return [*(inputs[i] for i in (*gplan.operands, *gplan.tiles)),
+            *(inputs[i].movedim(axis, -2) for i, axis in gplan.gates)]
 
 
 def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
@@ -128,8 +141,7 @@ def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
 
     layouts = shared_layouts(gplan, tile, inputs)
     descs = []
-    for i, block, layout in zip(tma_inputs(gplan), _blocks(gplan, tile), layouts):
-        t = inputs[i]
+    for t, block, layout in zip(_tma_views(gplan, inputs), _blocks(gplan, tile), layouts):
         rows = t.as_strided((_rows_total(t), t.stride(-2)), (t.stride(-2), 1))
         descs.append(TensorDescriptor.from_tensor(rows, block, layout))
     return tuple(descs)

@@ -183,7 +183,7 @@ class BoundGluonLaunch:
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
-        self.descs = descs      # the TMA descriptors (Q, K, V, score tiles) built for the first call, detached
+        self.descs = descs      # the TMA descriptors (gluon_launch.tma_inputs) built for the first call, detached
 
     @classmethod
     def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
@@ -191,7 +191,7 @@ class BoundGluonLaunch:
         names = getattr(launcher.gluon_kernel, "arg_names", None)
         consts = gluon_launch.constexprs(tile)
         gplan = launcher.plan.gluon
-        runtime = 4 + len(gplan.tiles) + len(gplan.args)  # the TMA descriptors, out_ptr, plan.args
+        runtime = 1 + len(gluon_launch.tma_inputs(gplan)) + len(gplan.args)  # the TMA descriptors, out_ptr, plan.args
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
