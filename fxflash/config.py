@@ -75,7 +75,8 @@ class Config:
                      score; ``FXFLASH_GLUON_MMA_ROW_SUM=0`` adds (for A/B measurements).
     gluon_tma_tiles: in the Gluon kernel, read a [rows, keys] tile of a 16-bit score input (the
                      Evoformer's pair bias) by TMA from the loader warp into a ring beside K and V,
-                     instead of loading it per element in the consumers: the Evoformer 7–8 % faster
+                     and an output gate by TMA from a second loader warp into the item's Q buffers,
+                     instead of loading them per element in the consumers: the Evoformer 10 % faster
                      on an H200 (benchmarks/NOTES.md); ``FXFLASH_GLUON_TMA_TILES=0`` loads per element
                      (for A/B measurements).
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled

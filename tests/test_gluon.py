@@ -122,9 +122,9 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
 def test_score_tiles_and_the_gate_arrive_by_tma(tma, monkeypatch):
     """The Evoformer's pair bias ([B, 1, H, S, S]: a [rows, keys] tile per key tile) is read by the
     loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), and its
-    gate ([B, N_seq, S, H, D], rows on axis 2) into the item's Q buffers once its last Q·Kᵀ is
-    done (GluonPlan.gates), each located as Q's block is; its mask bias (one vector per key tile)
-    is loaded per element; with the setting off, all three are."""
+    gate ([B, N_seq, S, H, D], rows on axis 2) by a second loader warp into the item's Q buffers
+    once its last Q·Kᵀ is done (GluonPlan.gates), each located as Q's block is; its mask bias (one
+    vector per key tile) is loaded per element; with the setting off, all three are."""
     monkeypatch.setattr(config, "gluon_tma_tiles", tma)
     variant = VARIANTS["evoformer_row"]
     args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)

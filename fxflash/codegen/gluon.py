@@ -18,6 +18,8 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 * a [rows, keys] tile of a 16-bit score input (a pair bias, an additive mask) comes with each
   K tile by TMA (the same barrier and ring slot; ``GluonPlan.tiles``, config.gluon_tma_tiles),
   each consumer reading its rows back from shared memory instead of loading them per element;
+  an output gate in Q's dtype (``GluonPlan.gates``) is read by a second loader warp into the
+  item's Q buffers once the item's last ``Q·Kᵀ`` has completed, for the epilogue;
 * the key tiles a mask empties are never loaded: the tile range ``[lo_t, hi_t)`` comes from
   the same interval tests as emit's (``tile_range``), computed once per CTA before the
   warps split (``_work``), and every visited tile evaluates the masks;
