@@ -336,10 +336,11 @@ INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second ent
 
 
 class _GluonPrinter(_Printer):
-    """emit's printer with one change for the Gluon kernel: a [rows, keys] tile of a 16-bit
-    tensor input of the score (the Evoformer's pair bias) is not loaded per element but read
-    from the shared memory that the loader's TMA filled beside K and V (config.gluon_tma_tiles):
-    its L2 latency then hides behind the K/V ring like K's and V's."""
+    """emit's printer with one change for the Gluon kernel (config.gluon_tma_tiles): a [rows,
+    keys] tile of a 16-bit tensor input of the score (the Evoformer's pair bias) is not loaded
+    per element but read from the shared memory that the loader's TMA filled beside K and V, and
+    the epilogue's first [rows, Dv] input in Q's dtype (the Evoformer's gate) from the Q buffer a
+    second loader warp filled: their L2 latency then hides behind the loads like K's and V's."""
 
     def __init__(self, region: Region, name: str):
         super().__init__(region, name)
@@ -535,16 +536,18 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
 
 
 def _gate_lines(gates, tma_load: str, common: str) -> dict:
-    """SKELETON's placeholders for an output gate read by TMA (``gates``: at most one): the loader
-    puts each item's gate rows into its Q buffers once every consumer's last ``Q·Kᵀ`` of the item
-    has completed (``q_free``), the epilogue waits for them (``g_ready``) and then releases the
-    buffers (``q_empty``); without a gate the Q buffers are released at the last ``Q·Kᵀ``."""
+    """SKELETON's placeholders for an output gate read by TMA (``gates``: at most one): a second
+    loader warp (``_gate_loader``) walks the CTA's items and puts each item's gate rows into its
+    Q buffers once every consumer's last ``Q·Kᵀ`` of it has completed (``q_free``); the epilogue
+    waits for them (``g_ready``) and then releases the buffers (``q_empty``). The K/V loader never
+    waits for them (as its one warp, measured 7 % slower: benchmarks/NOTES.md). Without a gate
+    the Q buffers are released at the last ``Q·Kᵀ``."""
     if not gates:
-        return dict(gate_load="", extra_worker="", extra_warps="", extra_regs="", pass_release="q_empty", pass_end="", gate_read="", gate_alloc="",
-                    attend_release="    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), count=1)  "
-                                   "# every Q·Kᵀ of this item has completed")
+        return dict(gate_fns="", extra_worker="", extra_warps="", extra_regs="", pass_release="q_empty", pass_end="",
+                    gate_read="", gate_alloc="", attend_release="    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), "
+                    "count=1)  # every Q·Kᵀ of this item has completed")
     return dict(
-        gate_load=(f"\n\n\n@gluon.jit\ndef _load_gate_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):"
+        gate_fns=(f"\n\n\n@gluon.jit\ndef _load_gate_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):"
                    "\n    \"\"\"The CTA's it-th item's gate rows into its Q buffers once every consumer's last Q·Kᵀ of"
                    "\n    the item has completed (the second loader warp: _gate_loader).\"\"\""
                    "\n    CONSUMERS: gl.constexpr = turns.type.shape[0]"
@@ -676,7 +679,7 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes{tile_bytes})
         {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx)){tile_loads}
         mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
-        {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx)){gate_load}
+        {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx)){gate_fns}
 
 
 @gluon.jit
