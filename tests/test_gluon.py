@@ -76,6 +76,17 @@ def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
     assert region.steps[-1].startswith("Gluon kernel (Hopper): none") and reason in region.steps[-1]
 
 
+def test_a_sum_not_over_the_shifted_exponential_is_named():
+    """Quiet softmax sums exp(x − m) plus exp(−m): softmax_of names why that is no softmax (its
+    rule is checked after the region rules, which refuse this region first for its row ops)."""
+    from fxflash.codegen.gluon import NOT_EXP_OF_SHIFT, softmax_of
+
+    variant = VARIANTS["softmax_one"]
+    _, analysis = analysed(variant.fn, *variant.inputs(SHAPE, torch.bfloat16))
+    (chain,) = find_chains(analysis)
+    assert softmax_of(build_region(analysis, chain)) == NOT_EXP_OF_SHIFT
+
+
 def test_head_dims_outside_64_and_128_get_none():
     region = region_of("vanilla", shape=Shape(D=80, Dv=80))
     assert not region.gluon_source and "head dims" in region.steps[-1]

@@ -179,6 +179,9 @@ class Softmax:
     p: fx.Node
 
 
+NOT_EXP_OF_SHIFT = "its sum is not over exp/exp2 of the scores minus their maximum"
+
+
 def softmax_of(r: Region) -> Softmax | str:
     """The region's softmax, or why the region is not one softmax followed by ``·V``."""
     reds = {red.combine: red for red in r.reductions}
