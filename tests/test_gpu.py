@@ -257,8 +257,6 @@ GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
 def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
     """Each Gluon configuration (ids: consumers x key tile x buffers x ping-pong x CTAs per SM)
     of the region's generated Gluon kernel keeps eager's accuracy."""
-    from fxflash.codegen import tuning
-
     variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[d], dtype, "cuda")
     for region in fxflash.explain(variant.fn, *args).regions:  # diff_attention_chunked: two
