@@ -24,9 +24,7 @@ from fxflash.codegen import gluon_launch
 from fxflash.codegen.cache import load_kernel
 from fxflash.codegen.gluon import emit_gluon, refusal, register_budget, shared_bytes
 from fxflash.variants import VARIANTS, Shape
-from fxflash.patterns import find_chains
-from fxflash.patterns.region import build_region
-from helpers import TRITON_TYPES as TYPES, analysed
+from helpers import TRITON_TYPES as TYPES, region_and_kinds
 
 
 
@@ -34,11 +32,9 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=d), dtype)
-    _, analysis = analysed(variant.fn, *args)
-    (chain,) = find_chains(analysis)
-    region = build_region(analysis, chain)
+    region, kinds = region_and_kinds(variant.fn, *args)
     assert refusal(region) is None, refusal(region)
-    plan = emit_gluon(region, analysis.kinds)
+    plan = emit_gluon(region, kinds)
     if edit:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
         from probe_gluon_edits import edit_named

@@ -1,12 +1,15 @@
 """Shared helpers: capture + analyse a function, find nodes by op."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fxflash.analysis import analyse
 from fxflash.analysis.ops import packet
 from fxflash.capture import capture
+from fxflash.codegen.gluon import gluon_api
 from fxflash.patterns import find_chains
+from fxflash.patterns.region import build_region
 
 
 def analysed(fn, *args, **kwargs):
@@ -17,6 +20,17 @@ def analysed(fn, *args, **kwargs):
 def chains_of(fn, *args, **kwargs):
     _, analysis = analysed(fn, *args, **kwargs)
     return find_chains(analysis)
+
+
+def region_and_kinds(fn, *args):
+    """The region of ``fn(*args)``'s one matmul chain and the graph's op kinds (what the code
+    generators print from: ``emit_gluon(region, kinds)``)."""
+    _, analysis = analysed(fn, *args)
+    (chain,) = find_chains(analysis)
+    return build_region(analysis, chain), analysis.kinds
+
+
+needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no Gluon Hopper API")
 
 
 def nodes_with(gm, op_packet):

@@ -7,12 +7,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import suite  # noqa: E402
 
 import pytest  # noqa: E402
-
-
-def gluon_available() -> bool:
-    from fxflash.codegen.gluon import gluon_api
-
-    return gluon_api() is not None
+from helpers import needs_gluon, region_and_kinds  # noqa: E402
 
 FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
 
@@ -179,24 +174,18 @@ def _gluon_source(name: str) -> str:
     import torch
 
     from fxflash import config
-
     from fxflash.codegen.gluon import emit_gluon
-    from fxflash.patterns import find_chains
-    from fxflash.patterns.region import build_region
     from fxflash.variants import VARIANTS, Shape
-    from helpers import analysed
 
     args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=64, Dv=64), torch.bfloat16)
-    _, analysis = analysed(VARIANTS[name].fn, *args)
-    (chain,) = find_chains(analysis)
     tma, config.gluon_tma_tiles = config.gluon_tma_tiles, False
     try:
-        return emit_gluon(build_region(analysis, chain), analysis.kinds).source
+        return emit_gluon(*region_and_kinds(VARIANTS[name].fn, *args)).source
     finally:
         config.gluon_tma_tiles = tma
 
 
-@pytest.mark.skipif(not gluon_available(), reason="this Triton has no Gluon Hopper API")
+@needs_gluon
 @pytest.mark.parametrize("edit, variant, tile", GLUON_EDITS)
 def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile):
     """Each of probe_gluon_edits' hand edits changes the Gluon kernel it was measured on and the

@@ -15,18 +15,15 @@ from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import tuning
-from fxflash.codegen.gluon import (GLUON_CONFIGS, emit_gluon, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, gluon_api, gluon_tile,
+from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, emit_gluon, gluon_tile,
                                    register_budget, row_sums_by_mma, shared_bytes, to_gluon)
 from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
-from fxflash.patterns import find_chains
-from fxflash.patterns.region import build_region
 from fxflash.variants import VARIANTS, Shape
-from helpers import analysed
+from helpers import needs_gluon, region_and_kinds
 
 SHAPE = Shape(B=2, H=4, Hkv=2, M=40, N=48, D=64, Dv=64)
-needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no Gluon Hopper API")
 
 
 def region_of(name, dtype=torch.bfloat16, shape=SHAPE):
@@ -82,9 +79,8 @@ def test_a_sum_not_over_the_shifted_exponential_is_named():
     from fxflash.codegen.gluon import NOT_EXP_OF_SHIFT, softmax_of
 
     variant = VARIANTS["softmax_one"]
-    _, analysis = analysed(variant.fn, *variant.inputs(SHAPE, torch.bfloat16))
-    (chain,) = find_chains(analysis)
-    assert softmax_of(build_region(analysis, chain)) == NOT_EXP_OF_SHIFT
+    region, _ = region_and_kinds(variant.fn, *variant.inputs(SHAPE, torch.bfloat16))
+    assert softmax_of(region) == NOT_EXP_OF_SHIFT
 
 
 def test_head_dims_outside_64_and_128_get_none():
@@ -139,9 +135,7 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, monkeypatch):
     monkeypatch.setattr(config, "gluon_tma_tiles", tma)
     variant = VARIANTS["evoformer_row"]
     args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)
-    _, analysis = analysed(variant.fn, *args)
-    (chain,) = find_chains(analysis)
-    plan = emit_gluon(build_region(analysis, chain), analysis.kinds)
+    plan = emit_gluon(*region_and_kinds(variant.fn, *args))
     shapes = [tuple(plan.input_nodes[i].meta["val"].shape) for i in plan.tiles]
     assert shapes == ([tuple(args[4].shape)] if tma else [])
     gates = [(tuple(plan.input_nodes[i].meta["val"].shape), axis) for i, axis in plan.gates]

@@ -59,20 +59,12 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     device = inputs[0].device
     if device.type != "cuda" or not _hopper(device.index):
         return "the Gluon kernel needs a Hopper GPU (sm_90)"
-    for i in gplan.operands:
-        why = _rows_view_refusal(inputs[i], gplan.d)
+    for view, cols, what, last in _tma_reads(gplan, inputs):
+        why = _rows_view_refusal(view, cols, what, last)
         if why:
             return why
     if gplan.tiles and t.consumers & (t.consumers - 1):
         return "a score input read by TMA needs a power-of-two number of consumers (its block holds the CTA's rows)"
-    for i in gplan.tiles:  # [rows, keys] tiles of the score read by TMA, as Q's rows are
-        why = _rows_view_refusal(inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis")
-        if why:
-            return why
-    for i, axis in gplan.gates:  # an output gate read by TMA into the Q buffers
-        why = _rows_view_refusal(inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim")
-        if why:
-            return why
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
     if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size(), len(gplan.tiles)) * t.ctas > SHARED_BYTES:
@@ -117,11 +109,14 @@ def tma_inputs(gplan: GluonPlan) -> tuple:
     return (*gplan.operands, *gplan.tiles, *(i for i, _ in gplan.gates))
 
 
-def _tma_views(gplan: GluonPlan, inputs: list) -> list:
-    """What each TMA descriptor reads, as ``[*batch, rows, cols]`` (the gate's row axis moved
-    next to its last; the same first element, so a descriptor can be rebased on the input)."""
-    return [*(inputs[i] for i in (*gplan.operands, *gplan.tiles)),
-            *(inputs[i].movedim(axis, -2) for i, axis in gplan.gates)]
+def _tma_reads(gplan: GluonPlan, inputs: list) -> list:
+    """What each TMA descriptor reads, in the kernel's order (tma_inputs), as (a ``[*batch, rows,
+    cols]`` view, cols, and how a refusal names the input and its last axis): Q, K and V, the
+    score's [rows, keys] tiles, the output gate with its row axis moved next to its last. Each
+    view starts at its input's first element, so a descriptor can be rebased on the input."""
+    return [*((inputs[i], gplan.d, "an operand", "head dim") for i in gplan.operands),
+            *((inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis") for i in gplan.tiles),
+            *((inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim") for i, axis in gplan.gates)]
 
 
 def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
@@ -135,13 +130,13 @@ def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
 
 
 def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
-    """The TMA descriptors of Q, K, V and the score's tiles for configuration ``tile`` (the
-    kernel's first arguments), each input read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
+    """The TMA descriptors of Q, K, V, the score's tiles and the gate for configuration ``tile``
+    (the kernel's first arguments), each input read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     layouts = shared_layouts(gplan, tile, inputs)
     descs = []
-    for t, block, layout in zip(_tma_views(gplan, inputs), _blocks(gplan, tile), layouts):
+    for (t, *_), block, layout in zip(_tma_reads(gplan, inputs), _blocks(gplan, tile), layouts):
         rows = t.as_strided((_rows_total(t), t.stride(-2)), (t.stride(-2), 1))
         descs.append(TensorDescriptor.from_tensor(rows, block, layout))
     return tuple(descs)
