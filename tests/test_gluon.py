@@ -61,16 +61,46 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
 @pytest.mark.parametrize("name,dtype,reason", [
     ("sigmoid_attention", torch.bfloat16, "not one maximum and one sum"),
     ("diff_attention", torch.bfloat16, "two softmax streams"),
-    ("evoformer_row", torch.bfloat16, "other than a positive power of two"),  # q / √128
     ("softmax_one", torch.bfloat16, "row ops after the loop"),
     ("vanilla", torch.float32, "not all bf16 or all fp16"),
 ])
 def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
-    shape = SHAPE if name != "evoformer_row" else Shape(B=1, H=2, M=40, N=40, D=128, Dv=128)
     variant = VARIANTS[name]
-    region = fxflash.explain(variant.fn, *variant.inputs(shape, dtype)).regions[0]
+    region = fxflash.explain(variant.fn, *variant.inputs(SHAPE, dtype)).regions[0]
     assert region.fused and not region.gluon_source
     assert region.steps[-1].startswith("Gluon kernel (Hopper): none") and reason in region.steps[-1]
+
+
+@needs_gluon
+@pytest.mark.parametrize("name,d,tile_ops", [
+    ("scale_q_first", 128, f"* {128 ** -0.5!r}"),
+    ("evoformer_row", 128, f"/ {math.sqrt(128)!r}"),
+    ("scale_q_first", 64, None),   # 1/8, a power of two: folded into the scores
+    ("evoformer_row", 64, None),
+])
+def test_a_q_scale_other_than_a_power_of_two_is_applied_to_the_q_tile(name, d, tile_ops):
+    """``q / √128`` rounds in eager; each consumer applies it to its Q tile in shared memory and
+    rounds it to Q's dtype the same way, and the scores carry no factor (gluon.q_tile_scale).
+    A power of two rounds nothing and is folded into the scores instead (gluon.score_scale)."""
+    source = region_of(name, shape=Shape(B=1, H=2, M=40, N=40, D=d, Dv=d)).gluon_source
+    assert ("q.store(" in source) == (tile_ops is not None)
+    if tile_ops:
+        assert f"q_in.to(gl.float32) {tile_ops}).to(gl.bfloat16)" in source and "fence_async_shared()\n" in source
+        assert "(s * " not in source
+    else:
+        assert "(s * 0.125)" in source
+
+
+def test_a_k_scale_other_than_a_power_of_two_is_refused():
+    """Eager rounds ``k / 3`` to K's dtype; K's tiles are shared by every consumer and read as
+    stored, so the Gluon kernel is refused and the Triton kernel (which rounds it) runs."""
+    def k_scaled(q, k, v):
+        return torch.softmax(q @ (k / 3).transpose(-2, -1), dim=-1) @ v
+
+    args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
+    (region,) = fxflash.explain(k_scaled, *args).regions
+    assert region.fused and not region.gluon_source
+    assert "K scaled before the matmul by a factor other than a positive power of two" in region.steps[-1]
 
 
 def test_a_sum_not_over_the_shifted_exponential_is_named():
@@ -112,6 +142,8 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("evoformer_row", "bfloat16", 64, (1, 128, 2, 0, 2, 1), "0"),  # the pair bias by TMA: fits two CTAs
     ("additive_mask", "bfloat16", 128, (2, 128, 2, 0, 1), "0"),
     ("softcap", "bfloat16", 128, (2, 128, 2, 0, 1, 1), "0"),
+    ("evoformer_row", "bfloat16", 128, (2, 128, 2, 0, 1), "0"),  # q / √128 applied to the Q tile
+    ("scale_q_first", "float16", 128, (1, 64, 3, 0, 2), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,

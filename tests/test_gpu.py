@@ -241,9 +241,6 @@ GLUON_VARIANTS = ["vanilla", "manual_softmax", "gqa_expand", "gqa_repeat_interle
                   "sliding_window", "prefix_lm", "block_causal", "dilated_window", "neighbourhood_2d",
                   "document_mask", "key_padding", "key_lengths", "additive_mask", "bshd", "scale_q_first",
                   "evoformer_row", "diff_attention_chunked"]
-# Head dims at which a variant's region qualifies, where not both: q scaled by 1/√d before the
-# matmul is folded into the scores only where that factor is a power of two (gluon.score_scale).
-GLUON_HEAD_DIMS = {"scale_q_first": (64,), "evoformer_row": (64,)}
 GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
                 128: Shape(B=1, H=4, Hkv=2, M=130, N=256, D=128, Dv=128)}
 
@@ -251,7 +248,7 @@ GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in GLUON_VARIANTS for d, tiles in GLUON_CONFIGS.items()
-                                          for tile in tiles if d in GLUON_HEAD_DIMS.get(name, (64, 128))],
+                                          for tile in tiles],
                          ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
@@ -282,14 +279,14 @@ def _pinned_call(fast, args, tile):
 # Persistent configurations: the tuner's, and with ping-pong; the regions without tile masks.
 PERSISTENT_TILES = {64: [*PERSISTENT_CONFIGS[64], ("gluon", 3, 128, 3, 1, 1, 1)],
                     128: list(PERSISTENT_CONFIGS[128])}
-PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_mask", "bshd", "evoformer_row"]
+PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_mask", "bshd", "evoformer_row",
+                       "scale_q_first"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in PERSISTENT_VARIANTS
-                                          for d, tiles in PERSISTENT_TILES.items() for tile in tiles
-                                          if d in GLUON_HEAD_DIMS.get(name, (64, 128))],
+                                          for d, tiles in PERSISTENT_TILES.items() for tile in tiles],
                          ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
 def test_persistent_gluon_kernel_walks_items_on_gpu(name, d, tile, monkeypatch):
     """A persistent grid of 3 SMs' worth of CTAs walks every work item (8 or more here, so

@@ -42,8 +42,9 @@ and columns, stored at the output's strides.
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 or fp16 Q, K,
-V with ``D = Dv`` ∈ {64, 128}, read as stored (a scale on Q or K only where it is a positive
-power of two: ``score_scale``). Whether a launch can use it (TMA reads each operand as a
+V with ``D = Dv`` ∈ {64, 128}, read as stored: a scale on K only where it is a positive power of
+two, folded into the scores with Q's (``score_scale``); Q's otherwise applied to each
+consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a launch can use it (TMA reads each operand as a
 ``[R, sr]`` matrix, its batch axes whole rows apart or inside one row, rows 16-byte aligned,
 and ``N`` a multiple of the key tile) is decided per launch (``launch_refusal``); the tuner
 then times its configurations beside the
@@ -68,7 +69,7 @@ from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
 from .emit import COL, DVC, ROW, Value, _Printer, compute_dtype
-from .printers import GPU_HELPERS, Unprintable
+from .printers import GPU_HELPERS, Unprintable, literal
 
 aten = torch.ops.aten
 
@@ -243,21 +244,39 @@ REGION_RULES = (
     (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
      "an operand stored transposed (TMA reads Q, K and V as [rows, head dim])"),
     (lambda r: bool(r.v.scale), "V scaled before the matmul"),
-    (lambda r: score_scale(r) is None, "Q or K scaled before the matmul by a factor other than a positive power of two"),
+    (lambda r: score_scale(r) is None, "K scaled before the matmul by a factor other than a positive power of two"),
     (_dtype_refusal, None),
 )
 
 
-def score_scale(r: Region) -> float | None:
-    """The factor ``c`` that Q's and K's scalar scales put on ``S = Q·Kᵀ``, or None where it is
-    not a positive power of two. Q and K arrive by TMA as stored, so the kernel applies ``c`` to
-    the scores; eager rounds ``c·q`` to q's dtype first, which a power of two leaves exact (the
-    significand unchanged; only the rare value pushed below the dtype's normal range would
-    round in eager and not here)."""
+def _factor(scale) -> float:
+    """The product of an operand's scalar scale ops ``(("mul" | "div", c), …)``."""
     c = 1.0
-    for op, factor in (*r.q.scale, *r.k.scale):
+    for op, factor in scale:
         c = c * factor if op == "mul" else c / factor
-    return c if c > 0 and math.frexp(c)[0] == 0.5 else None
+    return c
+
+
+def _positive_power_of_two(c: float) -> bool:
+    return c > 0 and math.frexp(c)[0] == 0.5
+
+
+def q_tile_scale(r: Region) -> tuple:
+    """Q's scalar scale ops that each consumer applies to its Q tile in shared memory, in fp32
+    and rounded to Q's dtype after each, as eager's ``q * c`` rounds (the Evoformer's ``q / √128``):
+    Q's own ops where together with K's they do not make a positive power of two; none otherwise
+    (score_scale then folds them into the scores)."""
+    return () if _positive_power_of_two(_factor((*r.q.scale, *r.k.scale))) else tuple(r.q.scale)
+
+
+def score_scale(r: Region) -> float | None:
+    """The factor ``c`` that the scales on Q and K not applied to Q's tile (q_tile_scale) put on
+    ``S = Q·Kᵀ``, or None where it is not a positive power of two. Q and K arrive by TMA as
+    stored, so the kernel applies ``c`` to the scores; eager rounds ``c·q`` to q's dtype first,
+    which a power of two leaves exact (the significand unchanged; only the rare value pushed
+    below the dtype's normal range would round in eager and not here)."""
+    c = _factor((*r.k.scale, *(() if q_tile_scale(r) else r.q.scale)))
+    return c if _positive_power_of_two(c) else None
 
 
 def refusal(r: Region) -> str | None:
@@ -427,7 +446,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
-                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates)
+                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates, q_tile_scale(r))
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates))
@@ -474,10 +493,12 @@ def attach(plan, region: Region, kinds: dict) -> None:
 PRINTER_FAILED = "printing it failed, a bug in fxflash's Gluon printer"
 
 
-def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=()) -> str:
+def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
+            q_scale=()) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value); ``store``: the epilogue's lines after
-    ``out`` (_output_store); ``tiles`` and ``gates``: the inputs read by TMA (_GluonPrinter)."""
+    ``out`` (_output_store); ``tiles`` and ``gates``: the inputs read by TMA (_GluonPrinter);
+    ``q_scale``: the ops each consumer applies to its Q tile (q_tile_scale)."""
     api = gluon_api()
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
@@ -533,9 +554,26 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
-        store=body("    " + line for line in store),
+        store=body("    " + line for line in store), q_scale=_q_scale_lines(q_scale, dtype),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
+
+
+# The layout in which a consumer's 4 warps read and rewrite their [64, D] Q tile: 16 bytes a thread.
+Q_TILE_LAYOUT = "gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])"
+
+
+def _q_scale_lines(ops, dtype: str) -> str:
+    """SKELETON's lines that scale the consumer's Q tile ``q`` in shared memory by ``ops``
+    (q_tile_scale), each op in fp32 and rounded to ``dtype`` as eager rounds, then fence the
+    rewritten tile for the wgmma that reads it; none without ops."""
+    if not ops:
+        return ""
+    tile = "q_in"
+    for op, c in ops:
+        tile = f"({tile}.to(gl.float32) {'*' if op == 'mul' else '/'} {literal(float(c))}).to({dtype})"
+    return (f"\n    q_in = q.load({Q_TILE_LAYOUT})  # Q's scale, rounded as eager rounds it (q_tile_scale)"
+            f"\n    q.store({tile})\n    fence_async_shared()")
 
 
 def _gate_lines(gates, tma_load: str, common: str) -> dict:
@@ -748,7 +786,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     rm = gl.expand_dims(row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
     qb = it % QB
     q = q_bufs.index(qb * CONSUMERS + WG)
-    mbarrier.wait(q_ready.index(qb), (it // QB) & 1)
+    mbarrier.wait(q_ready.index(qb), (it // QB) & 1){q_scale}
     acc = gl.zeros([BM, D], gl.float32, o_layout)
 
     mbarrier.wait(k_ready.index(t % NBUF), (t // NBUF) & 1)
