@@ -143,6 +143,7 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("additive_mask", "bfloat16", 128, (2, 128, 2, 0, 1), "0"),
     ("softcap", "bfloat16", 128, (2, 128, 2, 0, 1, 1), "0"),
     ("evoformer_row", "bfloat16", 128, (2, 128, 2, 0, 1), "0"),  # q / √128 applied to the Q tile
+    ("evoformer_row", "bfloat16", 128, (1, 64, 2, 0, 2, 1), "0"),
     ("scale_q_first", "float16", 128, (1, 64, 3, 0, 2), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):

@@ -96,11 +96,12 @@ GLUON_CONFIGS = {
 # the tuner on short rows (gluon_launch.GLUON_MIN_KEYS), where they beat the Triton kernel on the
 # H200: vanilla at 1k keys 0.176–0.181 ms against 0.188, the Evoformer's 256 keys 0.841 against 0.892.
 # One consumer with two K/V buffers leaves room, two CTAs per SM, for a ring of TMA-read score
-# tiles (the Evoformer's pair bias: 0.780 ms at B=8 with it, the only such configuration that fits).
+# tiles (the Evoformer's pair bias: 0.780 ms at B=8 with it, the only such configuration that fits;
+# at head dim 128 with 64-key tiles, 1.360 ms against the Triton kernel's 1.616: twenty-first session).
 PERSISTENT_CONFIGS = {
     64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1), ("gluon", 1, 128, 3, 0, 2, 1),
          ("gluon", 1, 128, 2, 0, 2, 1)),
-    128: (("gluon", 2, 128, 2, 0, 1, 1),),
+    128: (("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 64, 2, 0, 2, 1)),
 }
 
 
