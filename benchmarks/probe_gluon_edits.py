@@ -193,26 +193,6 @@ def gate_first(src: str) -> str:
     return _output_loads_at(src, ITEM_START)
 
 
-Q_WAIT = "    q = q_bufs.index(qb * CONSUMERS + WG)\n    mbarrier.wait(q_ready.index(qb), (it // QB) & 1)\n"
-GATE_MAY_COME = "    mbarrier.arrive(q_free.index(qb), count=1)  # every Q·Kᵀ of this item has completed: the gate may come\n"
-Q_RELEASE = ("    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), count=1)  # every Q·Kᵀ of this item has "
-             "completed\n")
-
-
-def q_in_registers(src: str) -> str:
-    """Each consumer reads its Q tile into registers once per item (the wgmma's A operand from
-    registers) and releases the Q buffer at once: for the gate (read into it by TMA) that frees
-    it at the item's start instead of after the last Q·Kᵀ; without a gate, the next item's Q."""
-    release = GATE_MAY_COME if GATE_MAY_COME in src else Q_RELEASE
-    src = _replace(src, release, "")  # from after the last Q·Kᵀ …
-    start = _must(re.search(re.escape(Q_WAIT) + r"(    q_in = .*\n    q\.store\(.*\n    fence_async_shared\(\)\n)?", src),
-                  "the wait for Q")  # and Q's scale (gluon.q_tile_scale), where printed
-    src = src.replace(start.group(0), start.group(0) + "    q_op = q.load(gl.DotOperandLayout(operand_index=0, "
-                      "parent=s_layout, k_width=2))\n" + release, 1)  # … to the item's start
-    _must(src.count("warpgroup_mma(q, k_bufs") == 2, "two Q·Kᵀ products")
-    return src.replace("warpgroup_mma(q, k_bufs", "warpgroup_mma(q_op, k_bufs")
-
-
 def without(names: str):
     """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""
     def edit(src: str) -> str:
@@ -224,8 +204,7 @@ def without(names: str):
     return edit
 
 
-EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first,
-                                  q_in_registers)}
+EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first)}
 
 
 def edit_named(name: str):
