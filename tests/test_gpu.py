@@ -317,15 +317,38 @@ def test_gluon_kernel_reads_heads_inside_long_rows_on_gpu(d, tile):
     (residue, head) block at a column of it; 256 sequences make N a multiple of the key tile."""
     from fxflash.codegen import tuning
 
+    fn, args = _column_attention(d)
+    (region,) = fxflash.explain(fn, *args).regions
+    assert "warp_specialize" in region.gluon_source, region.steps
+    with tuning.pinned(tile):
+        assert_accurate(fn, args, fxflash.optimize(fn)(*args))
+
+
+def _column_attention(d):
+    """The Evoformer's column attention over 256 sequences (the keys) of 6 residues, 2 heads."""
     g = torch.Generator().manual_seed(5)
     q, k, v, gate = (torch.randn(1, 256, 6, 2, d, generator=g).to(torch.bfloat16).cuda() for _ in range(4))
     mask = (torch.rand(1, 256, 6, generator=g) > 0.2).to(torch.bfloat16).cuda()
     mask[:, 0] = 1
-    args = (q, k, v, mask, gate)
-    fn = VARIANTS["evoformer_col"].fn
+    return VARIANTS["evoformer_col"].fn, (q, k, v, mask, gate)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon kernel needs a Hopper GPU")
+def test_consumers_without_rows_take_the_gates_barriers_on_gpu(monkeypatch):
+    """Three consumers on a persistent grid: each 256-row item ends in a block of 64 rows where
+    consumers 1 and 2 have none (_pass); they still take their share of the barriers of the
+    gate, which the second loader warp reads by TMA into the Q buffers (the column attention has
+    a gate and no [rows, keys] tile that would rule three consumers out). 3 SMs' worth of CTAs
+    walk the 24 items, so each CTA reuses its buffers and barriers across items."""
+    from fxflash.codegen import gluon_launch, tuning
+
+    fn, args = _column_attention(64)
     (region,) = fxflash.explain(fn, *args).regions
-    assert "warp_specialize" in region.gluon_source, region.steps
-    with tuning.pinned(tile):
+    assert "_gate_loader" in region.gluon_source, region.steps
+    monkeypatch.setattr(fxflash.config, "bind_gluon_launches", False)
+    monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
+    with tuning.pinned(PERSISTENT_CONFIGS[64][0]):
         assert_accurate(fn, args, fxflash.optimize(fn)(*args))
 
 
