@@ -114,6 +114,7 @@ def _bias_ahead(src: str, only=None) -> str:
     """The score's loads one key tile ahead, held in registers: tiles lo_t and lo_t + 1 at the
     item's start, tile lo_t + j + 1 at the top of iteration j."""
     src, raws, rest = _split_score_loads(src, only)
+    rest = re.sub(r"\btile\d+\b", "0", rest)  # a TMA-read tile (not loaded here) is read after the wait for K
     ahead = raws.replace("_raw", "_next")
     src = _replace(src, ITEM_START, f"    {raws} = _score_loads(rm, {KEYS_FIRST}, {rest})\n"
                    f"    {ahead} = _score_loads(rm, {KEYS_AFTER_FIRST}, {rest})\n" + ITEM_START)
@@ -193,6 +194,30 @@ def gate_first(src: str) -> str:
     return _output_loads_at(src, ITEM_START)
 
 
+def gate_prefetch(src: str) -> str:
+    """The second loader warp prefetches each item's gate rows into L2 (``prefetch.global.L2``,
+    one 128-byte line per row at head dim 64) before it waits for the item's last Q·Kᵀ, so
+    that its TMA load into the Q buffers then hits L2."""
+    sr = _must(re.search(r"gate0_row = \(gate0_off // (in(\d+)_s\d+)\)", src), "the gate's row stride")
+    wait = "    mbarrier.wait(q_free.index(qb), (it // QB) & 1)\n"
+    prefetch = (f"    pf_rows = gl.arange(0, CONSUMERS * BM, layout=gl.BlockedLayout([CONSUMERS * BM // 32], [32], [1], [0]))\n"
+                f"    pf_ptrs = in{sr.group(2)}_ptr + (gate0_row + pf_rows).to(gl.int64) * {sr.group(1)} + gate0_col\n"
+                "    gl.inline_asm_elementwise(\"prefetch.global.L2 [$1]; mov.u32 $0, 0;\", \"=r,l\", [pf_ptrs], "
+                "dtype=gl.int32, is_pure=False, pack=1)\n")
+    return _replace(src, wait, prefetch + wait)
+
+
+def q_scale_on_scores(src: str) -> str:
+    """Q's scale (gluon.q_tile_scale: each consumer rewrites its Q tile in shared memory, rounded
+    as eager rounds ``q * c``) applied to the scores in fp32 instead, unrounded: what the pass over
+    the Q tile costs."""
+    m = _must(re.search(r"\n    q_in = q\.load\(.*\n    q\.store\(\(q_in\.to\(gl\.float32\) ([*/]) ([^)]+)\)\.to\(\w+\.\w+\)\)"
+                        r"\n    fence_async_shared\(\)", src), "Q's scale lines")
+    src = src.replace(m.group(0), "", 1)
+    return src.replace("x = _score(s, ", f"x = _score(s {m.group(1)} {m.group(2)}, ").replace(
+        "x = _score_full(s, ", f"x = _score_full(s {m.group(1)} {m.group(2)}, ")
+
+
 def without(names: str):
     """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""
     def edit(src: str) -> str:
@@ -204,7 +229,8 @@ def without(names: str):
     return edit
 
 
-EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first)}
+EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first,
+                                  gate_prefetch, q_scale_on_scores)}
 
 
 def edit_named(name: str):

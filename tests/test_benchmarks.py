@@ -156,51 +156,55 @@ def test_probe_core_loop_switches_keep_attention():
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-3 if switches["EMU"] else 1e-5)
 
 
-# probe_gluon_edits' hand edits, each with a kernel it was measured on (variant, Gluon tile)
+# probe_gluon_edits' hand edits, each with a kernel it was measured on (variant, Gluon tile, head
+# dim, and whether the score's tiles and the gate come by TMA: config.gluon_tma_tiles)
 GLUON_EDITS = [
-    ("hoist_key_linear", "alibi", (2, 128, 3, 0, 1)),
-    ("bias_ahead", "evoformer_row", (1, 128, 2, 0, 2, 1)),
-    ("bias_ahead_tile", "evoformer_row", (1, 128, 2, 0, 2, 1)),
-    ("bias_async", "evoformer_row", (1, 128, 2, 0, 2, 1)),
-    ("gate_early", "evoformer_row", (1, 128, 3, 0, 2, 1)),
-    ("gate_first", "evoformer_row", (1, 128, 3, 0, 2, 1)),
-    ("without:x1,x3,x6", "evoformer_row", (1, 128, 3, 0, 2, 1)),
+    ("hoist_key_linear", "alibi", (2, 128, 3, 0, 1), 64, False),
+    ("bias_ahead", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, False),
+    ("bias_ahead", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, True),   # the mask bias alone
+    ("bias_ahead_tile", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, False),
+    ("bias_async", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, False),
+    ("gate_early", "evoformer_row", (1, 128, 3, 0, 2, 1), 64, False),
+    ("gate_first", "evoformer_row", (1, 128, 3, 0, 2, 1), 64, False),
+    ("gate_prefetch", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, True),
+    ("q_scale_on_scores", "evoformer_row", (1, 64, 2, 0, 2, 1), 128, True),
+    ("without:x1,x3,x6", "evoformer_row", (1, 128, 3, 0, 2, 1), 64, False),
 ]
 
 
-def _gluon_source(name: str) -> str:
-    """``name``'s printed Gluon kernel with per-element loads (config.gluon_tma_tiles off: the
-    probe's bias_* edits move those loads; ``--per-element-loads``)."""
+def _gluon_source(name: str, tma: bool = False, d: int = 64) -> str:
+    """``name``'s printed Gluon kernel at head dim ``d``, with per-element loads unless ``tma``
+    (config.gluon_tma_tiles: the probe's bias_* edits move those loads; ``--per-element-loads``)."""
     import torch
 
     from fxflash import config
     from fxflash.codegen.gluon import emit_gluon
     from fxflash.variants import VARIANTS, Shape
 
-    args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=64, Dv=64), torch.bfloat16)
-    tma, config.gluon_tma_tiles = config.gluon_tma_tiles, False
+    args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=d, Dv=d), torch.bfloat16)
+    setting, config.gluon_tma_tiles = config.gluon_tma_tiles, tma
     try:
         return emit_gluon(*region_and_kinds(VARIANTS[name].fn, *args)).source
     finally:
-        config.gluon_tma_tiles = tma
+        config.gluon_tma_tiles = setting
 
 
 @needs_gluon
-@pytest.mark.parametrize("edit, variant, tile", GLUON_EDITS)
-def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile):
+@pytest.mark.parametrize("edit, variant, tile, d, tma", GLUON_EDITS)
+def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
     """Each of probe_gluon_edits' hand edits changes the Gluon kernel it was measured on and the
     edited kernel compiles for sm_90 (tests/gluon_compile.py, no GPU); in vanilla's kernel,
-    which has neither a bias nor a gate, it finds nothing to change and says so."""
+    which has neither a bias, a gate nor a scale on Q, it finds nothing to change and says so."""
     import subprocess
 
     import probe_gluon_edits
 
     with pytest.raises(ValueError, match="nothing to change"):
-        probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla"))
-    assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant)) != _gluon_source(variant)
+        probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla", tma, d))
+    assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant, tma, d)) != _gluon_source(variant, tma, d)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["FXFLASH_GLUON_TMA_TILES"] = "0"
+    env["FXFLASH_GLUON_TMA_TILES"] = str(int(tma))
     here = os.path.dirname(__file__)
     done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), "--edit", edit, variant, "bfloat16",
-                           "64", *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)
+                           str(d), *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and f"compiled {variant} edited by {edit}" in done.stdout, done.stderr[-3000:]
