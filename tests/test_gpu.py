@@ -276,8 +276,8 @@ def _pinned_call(fast, args, tile):
         raise
 
 
-# Persistent configurations: the tuner's, and with ping-pong; the regions without tile masks.
-PERSISTENT_TILES = {64: [*PERSISTENT_CONFIGS[64], ("gluon", 3, 128, 3, 1, 1, 1)],
+# Persistent configurations (the tuner's, one with ping-pong); the regions without tile masks.
+PERSISTENT_TILES = {64: list(PERSISTENT_CONFIGS[64]),
                     128: list(PERSISTENT_CONFIGS[128])}
 PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_mask", "bshd", "evoformer_row",
                        "scale_q_first"]
