@@ -91,6 +91,19 @@ def test_a_q_scale_other_than_a_power_of_two_is_applied_to_the_q_tile(name, d, t
         assert "(s * 0.125)" in source
 
 
+@needs_gluon
+def test_q_scale_ops_that_round_are_each_applied_to_the_q_tile():
+    """``q * 3 / 12`` is a power of two as a product, but eager rounds after each op: both are
+    applied to the Q tile, in order, each rounded; none is folded into the scores."""
+    def scaled_twice(q, k, v):
+        return torch.softmax((q * 3 / 12) @ k.transpose(-2, -1), dim=-1) @ v
+
+    (region,) = fxflash.explain(scaled_twice, *VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)).regions
+    assert "q.store(((q_in.to(gl.float32) * 3.0).to(gl.bfloat16).to(gl.float32) / 12.0).to(gl.bfloat16))" \
+        in region.gluon_source
+    assert "(s * " not in region.gluon_source
+
+
 def test_a_k_scale_other_than_a_power_of_two_is_refused():
     """Eager rounds ``k / 3`` to K's dtype; K's tiles are shared by every consumer and read as
     stored, so the Gluon kernel is refused and the Triton kernel (which rounds it) runs."""

@@ -42,9 +42,10 @@ and columns, stored at the output's strides.
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 or fp16 Q, K,
-V with ``D = Dv`` ∈ {64, 128}, read as stored: a scale on K only where it is a positive power of
-two, folded into the scores with Q's (``score_scale``); Q's otherwise applied to each
-consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a launch can use it (TMA reads each operand as a
+V with ``D = Dv`` ∈ {64, 128}, read as stored: a scale on K only by positive powers of two,
+which the scores carry exactly, as Q's (``score_scale``); any other scale on Q applied to each
+consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a
+launch can use it (TMA reads each operand as a
 ``[R, sr]`` matrix, its batch axes whole rows apart or inside one row, rows 16-byte aligned,
 and ``N`` a multiple of the key tile) is decided per launch (``launch_refusal``); the tuner
 then times its configurations beside the
@@ -251,34 +252,32 @@ REGION_RULES = (
 )
 
 
-def _factor(scale) -> float:
-    """The product of an operand's scalar scale ops ``(("mul" | "div", c), …)``."""
-    c = 1.0
-    for op, factor in scale:
-        c = c * factor if op == "mul" else c / factor
-    return c
-
-
-def _positive_power_of_two(c: float) -> bool:
-    return c > 0 and math.frexp(c)[0] == 0.5
+def _exact(scale) -> bool:
+    """Does eager compute each of an operand's scalar scale ops ``(("mul" | "div", c), …)``
+    exactly? Only by a positive power of two (the significand unchanged; only the rare value
+    pushed below the dtype's normal range would round)."""
+    return all(c > 0 and math.frexp(c)[0] == 0.5 for _, c in scale)
 
 
 def q_tile_scale(r: Region) -> tuple:
     """Q's scalar scale ops that each consumer applies to its Q tile in shared memory, in fp32
-    and rounded to Q's dtype after each, as eager's ``q * c`` rounds (the Evoformer's ``q / √128``):
-    Q's own ops where together with K's they do not make a positive power of two; none otherwise
+    and rounded to Q's dtype after each, as eager's ``q * c`` rounds (the Evoformer's
+    ``q / √128``): all of them where one rounds (not a positive power of two); none otherwise
     (score_scale then folds them into the scores)."""
-    return () if _positive_power_of_two(_factor((*r.q.scale, *r.k.scale))) else tuple(r.q.scale)
+    return () if _exact(r.q.scale) else tuple(r.q.scale)
 
 
 def score_scale(r: Region) -> float | None:
     """The factor ``c`` that the scales on Q and K not applied to Q's tile (q_tile_scale) put on
-    ``S = Q·Kᵀ``, or None where it is not a positive power of two. Q and K arrive by TMA as
-    stored, so the kernel applies ``c`` to the scores; eager rounds ``c·q`` to q's dtype first,
-    which a power of two leaves exact (the significand unchanged; only the rare value pushed
-    below the dtype's normal range would round in eager and not here)."""
-    c = _factor((*r.k.scale, *(() if q_tile_scale(r) else r.q.scale)))
-    return c if _positive_power_of_two(c) else None
+    ``S = Q·Kᵀ``, or None where K's scale rounds (K's tiles are shared by the consumers and read
+    as stored: the Triton kernel rounds it). Q and K arrive by TMA as stored, so the kernel
+    applies ``c`` to the scores, a positive power of two as every op it folds (_exact)."""
+    if not _exact(r.k.scale):
+        return None
+    c = 1.0
+    for op, factor in (*r.k.scale, *(() if q_tile_scale(r) else r.q.scale)):
+        c = c * factor if op == "mul" else c / factor
+    return c
 
 
 def refusal(r: Region) -> str | None:
