@@ -218,6 +218,20 @@ def q_scale_on_scores(src: str) -> str:
         "x = _score_full(s, ", f"x = _score_full(s {m.group(1)} {m.group(2)}, ")
 
 
+# float(x) for an int32 |x| < 2²²: 0x4B400000 + x read as fp32 is exactly 1.5·2²³ + x (its ulp is 1)
+MAGIC_INT, MAGIC_FLOAT = 0x4B400000, 12582912.0
+
+
+def magic_int_to_float(src: str) -> str:
+    """The score's int32 index difference (ALiBi's ``j − i``) converted to fp32 by an integer add,
+    a bitcast and a float subtraction (exact for |j − i| < 2²²) instead of a conversion: the
+    conversion runs on the special-function pipe beside the exponentials, the add and the
+    subtraction on the ALU and FMA pipes."""
+    m = _must(re.search(r"^( +t\d+ = s \+ \(.+\) \* )(t\d+)$", src, re.M), "an int32 factor of the score")
+    _must(re.search(rf"^ +{m.group(2)} = \(\(t\d+ - t\d+\)\)\.to\(gl\.int32\)$", src, re.M), "an index difference")
+    return src.replace(m.group(0), f"{m.group(1)}(({m.group(2)} + {MAGIC_INT}).to(gl.float32, bitcast=True) - {MAGIC_FLOAT})", 1)
+
+
 def without(names: str):
     """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""
     def edit(src: str) -> str:
@@ -230,7 +244,7 @@ def without(names: str):
 
 
 EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first,
-                                  gate_prefetch, q_scale_on_scores)}
+                                  gate_prefetch, q_scale_on_scores, magic_int_to_float)}
 
 
 def edit_named(name: str):

@@ -160,6 +160,7 @@ def test_probe_core_loop_switches_keep_attention():
 # dim, and whether the score's tiles and the gate come by TMA: config.gluon_tma_tiles)
 GLUON_EDITS = [
     ("hoist_key_linear", "alibi", (2, 128, 3, 0, 1), 64, False),
+    ("magic_int_to_float", "alibi", (3, 128, 3, 0, 1), 64, True),
     ("bias_ahead", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, False),
     ("bias_ahead", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, True),   # the mask bias alone
     ("bias_ahead_tile", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, False),
