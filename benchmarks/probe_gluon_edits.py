@@ -211,8 +211,8 @@ def q_scale_on_scores(src: str) -> str:
     """Q's scale (gluon.q_tile_scale: each consumer rewrites its Q tile in shared memory, rounded
     as eager rounds ``q * c``) applied to the scores in fp32 instead, unrounded: what the pass over
     the Q tile costs."""
-    m = _must(re.search(r"\n    q_in = q\.load\(.*\n    q\.store\(\(q_in\.to\(gl\.float32\) ([*/]) ([^)]+)\)\.to\(\w+\.\w+\)\)"
-                        r"\n    fence_async_shared\(\)", src), "Q's scale lines")
+    m = _must(re.search(r"\n    q_in = q\.load\(.*\n    q_in = \(q_in\.to\(gl\.float32\) ([*/]) ([^)]+)\)\.to\(q_in\.dtype\)"
+                        r"\n    q\.store\(q_in\)\n    fence_async_shared\(\)", src), "Q's scale lines")
     src = src.replace(m.group(0), "", 1)
     return src.replace("x = _score(s, ", f"x = _score(s {m.group(1)} {m.group(2)}, ").replace(
         "x = _score_full(s, ", f"x = _score_full(s {m.group(1)} {m.group(2)}, ")

@@ -69,8 +69,8 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import COL, DVC, ROW, Value, _Printer, compute_dtype
-from .printers import GPU_HELPERS, Unprintable, literal
+from .emit import COL, DVC, ROW, Value, _Printer, _scaled, compute_dtype
+from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
 
@@ -447,7 +447,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
     scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
-                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates, q_tile_scale(r))
+                     DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
+                     [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [])
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates))
@@ -499,7 +500,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value); ``store``: the epilogue's lines after
     ``out`` (_output_store); ``tiles`` and ``gates``: the inputs read by TMA (_GluonPrinter);
-    ``q_scale``: the ops each consumer applies to its Q tile (q_tile_scale)."""
+    ``q_scale``: emit's lines that scale the loaded Q tile ``q_in`` (q_tile_scale)."""
     api = gluon_api()
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
@@ -555,7 +556,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
-        store=body("    " + line for line in store), q_scale=_q_scale_lines(q_scale, dtype),
+        store=body("    " + line for line in store), q_scale=_q_scale_lines(q_scale),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
@@ -564,17 +565,14 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
 Q_TILE_LAYOUT = "gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])"
 
 
-def _q_scale_lines(ops, dtype: str) -> str:
-    """SKELETON's lines that scale the consumer's Q tile ``q`` in shared memory by ``ops``
-    (q_tile_scale), each op in fp32 and rounded to ``dtype`` as eager rounds, then fence the
-    rewritten tile for the wgmma that reads it; none without ops."""
-    if not ops:
+def _q_scale_lines(scale: list) -> str:
+    """SKELETON's lines that read the consumer's Q tile ``q`` from shared memory, apply ``scale``
+    (emit's ``_scaled`` lines for ``q_in``: each op in fp32, rounded to Q's dtype as eager rounds)
+    and write it back, fenced for the wgmma that reads it; none without a scale."""
+    if not scale:
         return ""
-    tile = "q_in"
-    for op, c in ops:
-        tile = f"({tile}.to(gl.float32) {'*' if op == 'mul' else '/'} {literal(float(c))}).to({dtype})"
-    return (f"\n    q_in = q.load({Q_TILE_LAYOUT})  # Q's scale, rounded as eager rounds it (q_tile_scale)"
-            f"\n    q.store({tile})\n    fence_async_shared()")
+    return "".join(f"\n    {line}" for line in [f"q_in = q.load({Q_TILE_LAYOUT})  # Q's scale (q_tile_scale)", *scale,
+                                                   "q.store(q_in)", "fence_async_shared()"])
 
 
 def _gate_lines(gates, tma_load: str, common: str) -> dict:
