@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import suite  # noqa: E402
 
 import pytest  # noqa: E402
-from helpers import needs_gluon, region_and_kinds  # noqa: E402
+from helpers import compile_for_hopper, needs_gluon, region_and_kinds  # noqa: E402
 
 FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
 
@@ -196,16 +196,10 @@ def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
     """Each of probe_gluon_edits' hand edits changes the Gluon kernel it was measured on and the
     edited kernel compiles for sm_90 (tests/gluon_compile.py, no GPU); in vanilla's kernel,
     which has neither a bias, a gate nor a scale on Q, it finds nothing to change and says so."""
-    import subprocess
-
     import probe_gluon_edits
 
     with pytest.raises(ValueError, match="nothing to change"):
         probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla", tma, d))
     assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant, tma, d)) != _gluon_source(variant, tma, d)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["FXFLASH_GLUON_TMA_TILES"] = str(int(tma))
-    here = os.path.dirname(__file__)
-    done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), "--edit", edit, variant, "bfloat16",
-                           str(d), *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and f"compiled {variant} edited by {edit}" in done.stdout, done.stderr[-3000:]
+    compiled = compile_for_hopper(variant, "bfloat16", d, tile, edit, FXFLASH_GLUON_TMA_TILES=str(int(tma)))
+    assert f"compiled {variant} edited by {edit}" in compiled, compiled

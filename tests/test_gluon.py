@@ -3,10 +3,7 @@ not, what it prints, that it compiles for sm_90, and the launch-time checks. The
 in test_gpu.py (Hopper only: Triton's interpreter cannot run Gluon)."""
 import itertools
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +18,7 @@ from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
 from fxflash.variants import VARIANTS, Shape
-from helpers import needs_gluon, region_and_kinds
+from helpers import compile_for_hopper, needs_gluon, region_and_kinds
 
 SHAPE = Shape(B=2, H=4, Hkv=2, M=40, N=48, D=64, Dv=64)
 
@@ -165,7 +162,7 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     register budget), with Triton's ptxas and no GPU; its shared memory is the buffers that
     shared_bytes counts (plus at most 1 KB of barriers), and it sums rows by ``P·1`` on the
     tensor cores where row_sums_by_mma says so (one CTA per SM)."""
-    compiled = _compile_for_hopper(name, dtype, d, tile, FXFLASH_GLUON_FULL_TILES=full_tiles)
+    compiled = compile_for_hopper(name, dtype, d, tile, FXFLASH_GLUON_FULL_TILES=full_tiles)
     shared, buffers = map(int, re.search(r"shared (\d+) bytes \(buffers (\d+)\)", compiled).groups())
     assert buffers <= shared <= buffers + 1024, compiled
     assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile)), compiled
@@ -196,20 +193,8 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, monkeypatch):
 
 @needs_gluon
 def test_row_sums_are_added_up_with_the_setting_off():
-    compiled = _compile_for_hopper("vanilla", "bfloat16", 64, (3, 128, 3, 0, 1), FXFLASH_GLUON_MMA_ROW_SUM="0")
+    compiled = compile_for_hopper("vanilla", "bfloat16", 64, (3, 128, 3, 0, 1), FXFLASH_GLUON_MMA_ROW_SUM="0")
     assert "row sums added up" in compiled, compiled
-
-
-def _compile_for_hopper(name, dtype, d, tile, **settings) -> str:
-    """gluon_compile.py's report of ``name``'s Gluon kernel with configuration ``tile``, compiled
-    in a process of its own (without TRITON_INTERPRET) with the environment ``settings``."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(settings)
-    here = os.path.dirname(__file__)
-    done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), name, dtype, str(d),
-                           *map(str, tile)], cwd=here, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and f"compiled {name}" in done.stdout, done.stderr[-3000:]
-    return done.stdout
 
 
 def test_rows_view_follows_tma_rules():
