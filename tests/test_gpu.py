@@ -235,6 +235,9 @@ def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
     assert_accurate(grouped, (q, k, v), out)
 
 
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="the Gluon kernel needs a Hopper GPU")
+
 # Variants whose region qualifies for the Gluon kernel (codegen/gluon.py); the shapes have N a
 # multiple of every Gluon key tile and M not a multiple of the CTA's 128 or 192 rows.
 GLUON_VARIANTS = ["vanilla", "manual_softmax", "gqa_expand", "gqa_repeat_interleave", "alibi", "softcap", "causal",
@@ -245,8 +248,7 @@ GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
                 128: Shape(B=1, H=4, Hkv=2, M=130, N=256, D=128, Dv=128)}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon kernel needs a Hopper GPU")
+@needs_hopper
 @pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in GLUON_VARIANTS for d, tiles in GLUON_CONFIGS.items()
                                           for tile in tiles],
                          ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
@@ -283,8 +285,7 @@ PERSISTENT_VARIANTS = ["vanilla", "gqa_expand", "alibi", "softcap", "additive_ma
                        "scale_q_first"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon kernel needs a Hopper GPU")
+@needs_hopper
 @pytest.mark.parametrize("name,d,tile", [(name, d, tile) for name in PERSISTENT_VARIANTS
                                           for d, tiles in PERSISTENT_TILES.items() for tile in tiles],
                          ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
@@ -307,8 +308,7 @@ def test_persistent_gluon_kernel_walks_items_on_gpu(name, d, tile, monkeypatch):
         torch.testing.assert_close(fast(*args), few, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon kernel needs a Hopper GPU")
+@needs_hopper
 @pytest.mark.parametrize("d,tile", [(64, GLUON_CONFIGS[64][0]), (64, GLUON_CONFIGS[64][3]), (128, GLUON_CONFIGS[128][0])],
                          ids=lambda x: x if isinstance(x, int) else "x".join(map(str, x[1:])))
 def test_gluon_kernel_reads_heads_inside_long_rows_on_gpu(d, tile):
@@ -333,8 +333,7 @@ def _column_attention(d):
     return VARIANTS["evoformer_col"].fn, (q, k, v, mask, gate)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon kernel needs a Hopper GPU")
+@needs_hopper
 def test_consumers_without_rows_take_the_gates_barriers_on_gpu(monkeypatch):
     """Three consumers on a persistent grid: each 256-row item ends in a block of 64 rows where
     consumers 1 and 2 have none (_pass); they still take their share of the barriers of the
@@ -352,8 +351,7 @@ def test_consumers_without_rows_take_the_gates_barriers_on_gpu(monkeypatch):
         assert_accurate(fn, args, fxflash.optimize(fn)(*args))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon kernel needs a Hopper GPU")
+@needs_hopper
 @pytest.mark.parametrize("name,tile", [("causal", GLUON_CONFIGS[64][0]), ("vanilla", PERSISTENT_CONFIGS[64][0])],
                          ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x[1:])))
 def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, tile, monkeypatch):
@@ -385,8 +383,7 @@ def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, ti
     assert all(ref() is None for ref in firsts)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon kernel needs a Hopper GPU")
+@needs_hopper
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "prefix_lm", "block_causal", "document_mask",
                                   "key_lengths"])
 def test_gluon_kernel_with_folded_full_tiles_on_gpu(name, monkeypatch):
