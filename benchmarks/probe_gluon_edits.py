@@ -232,6 +232,56 @@ def magic_int_to_float(src: str) -> str:
     return src.replace(m.group(0), f"{m.group(1)}(({m.group(2)} + {MAGIC_INT}).to(gl.float32, bitcast=True) - {MAGIC_FLOAT})", 1)
 
 
+WALK_LOOP = "        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):\n"
+TILE_EXPECT = re.compile(r"^( +)mbarrier\.expect\(k_ready\.index\(idx\), k_desc\.block_type\.nbytes((?: \+ tile\d+_desc\.block_type\.nbytes)+)\)\n", re.M)
+TILE_LOAD = re.compile(r"^ +tma\.\w+\(tile\d+_desc, .*\n", re.M)
+
+
+def no_tile_loads(src: str) -> str:
+    """An upper bound: the [rows, keys] score tiles (the pair bias) never loaded by TMA, the
+    consumers reading whatever their buffers hold (changes the result): what their L2 → shared
+    memory traffic costs."""
+    src = _must(TILE_EXPECT.search(src), "a tile's bytes in K's expect") and \
+        TILE_EXPECT.sub(r"\1mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)\n", src)
+    src, n = TILE_LOAD.subn("", src)
+    _must(n, "a tile's TMA load")
+    return src
+
+
+def chunked_items(src: str) -> str:
+    """Persistent grid: each CTA walks a contiguous run of items instead of every grid-th one."""
+    return _replace(src, WALK_LOOP, "        chunk = gl.cdiv(n_items, gl.num_programs(0))\n"
+                    "        for item in range(gl.program_id(0) * chunk, gl.minimum(gl.program_id(0) * chunk + chunk, n_items)):\n")
+
+
+def bias_order(src: str) -> str:
+    """Items numbered with the second batch axis fastest (the Evoformer's N_seq, over which its
+    pair bias is broadcast), then the row block, the third and the first batch axes: with
+    ``chunked_items`` a CTA's consecutive items read the same pair-bias rows."""
+    order = ("@gluon.jit\ndef _bias_order(item, FB1, FB2, n_mt):\n    fb1 = item % FB1\n    r = item // FB1\n"
+             "    mt = r % n_mt\n    r = r // n_mt\n    fb2 = r % FB2\n    fb0 = r // FB2\n"
+             "    return ((fb0 * FB1 + fb1) * FB2 + fb2) * n_mt + mt\n\n\n@gluon.jit\ndef _walk(")
+    src = _replace(src, "@gluon.jit\ndef _walk(", order)
+    return _replace(src, "= _work(item, ", "= _work(_bias_order(item, FB1, FB2, gl.cdiv(M, BLOCK_M)), ")
+
+
+def resident_tiles(src: str) -> str:
+    """With ``chunked_items`` + ``bias_order`` and as many K/V buffers as key tiles: the score
+    tiles loaded only at a CTA's first item and where the item's N_seq index is 0 (a new group of
+    pair-bias rows), then read again by the following items from the same buffers (result kept)."""
+    m = _must(TILE_EXPECT.search(src), "a tile's bytes in K's expect")
+    ind, tiles = m.group(1), m.group(2)
+    k_load = _must(re.search(r"^ +tma\.\w+\(k_desc, .*\n", src, re.M), "K's TMA load").group(0)
+    loads = "".join("    " + ln.group(0) for ln in TILE_LOAD.finditer(src))
+    new = (f"{ind}reload = (it == 0) | (fb1 == 0)\n{ind}if reload:\n"
+           f"{ind}    mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes{tiles})\n{ind}else:\n"
+           f"{ind}    mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)\n{k_load}{ind}if reload:\n{loads}")
+    src = src.replace(m.group(0) + k_load, new, 1)
+    src, n = re.subn(r"(?m)^ {8}tma\.\w+\(tile\d+_desc, .*\n", "", src)
+    _must(n, "a tile's TMA load after K's")
+    return src
+
+
 def without(names: str):
     """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""
     def edit(src: str) -> str:
@@ -244,7 +294,8 @@ def without(names: str):
 
 
 EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first,
-                                  gate_prefetch, q_scale_on_scores, magic_int_to_float)}
+                                  gate_prefetch, q_scale_on_scores, magic_int_to_float, no_tile_loads, chunked_items,
+                                  bias_order, resident_tiles)}
 
 
 def edit_named(name: str):
