@@ -177,13 +177,21 @@ class BoundGluonLaunch:
     kept, checked by ``launch_refusal`` at the layout's first launch (everything the checks read
     is in the key), and the compiled kernel Gluon's JIT returned then, called directly with new
     TMA descriptors (Triton's launcher turns them into tensor maps), as ``BoundLaunch`` does:
-    the first call's descriptors pointed at each call's inputs (``gluon_launch.rebased``)."""
+    the first call's descriptors pointed at each call's inputs (``gluon_launch.rebased``).
+
+    As ``BoundLaunch``, it keeps the arguments that the key fixes (sizes, strides) from its first
+    launch and fills in the tensors at each call, the inputs before their folded views (a view
+    of FOLDED_VIEWS has its base's data pointer, and the descriptors and strides were taken from
+    the views once). A plan with tile summaries takes its views and every argument at each call
+    (a summary is taken along the view's axes)."""
 
     def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple):
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
         self.descs = descs      # the TMA descriptors (gluon_launch.tma_inputs) built for the first call, detached
+        self.template = None    # plan.gluon.args with tensors left as None, from the first bound launch
+        self.slots = [(j, spec) for j, spec in enumerate(plan.gluon.args) if spec[0] in TENSOR_KINDS]
 
     @classmethod
     def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
@@ -201,9 +209,17 @@ class BoundGluonLaunch:
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
-        inputs = replay_views(inputs, self.views)
+        if self.template is None or gplan.summaries:
+            args = _gluon_args(gplan, self.tile, replay_views(inputs, self.views), self.frame, out, sides)
+            if not gplan.summaries:
+                self.template = [None if spec[0] in TENSOR_KINDS else a for a, spec in zip(args, gplan.args)]
+        else:
+            values = LaunchValues(inputs, None, out, sides, ())
+            args = list(self.template)
+            for position, spec in self.slots:
+                args[position] = ARG_SOURCES[spec[0]](spec, values)
         descs = [gluon_launch.rebased(desc, inputs[i]) for desc, i in zip(self.descs, gluon_launch.tma_inputs(gplan))]
-        self.runner(*descs, out, *_gluon_args(gplan, self.tile, inputs, self.frame, out, sides), *self.tail)
+        self.runner(*descs, out, *args, *self.tail)
 
 
 class Launcher:
