@@ -241,8 +241,8 @@ def no_tile_loads(src: str) -> str:
     """An upper bound: the [rows, keys] score tiles (the pair bias) never loaded by TMA, the
     consumers reading whatever their buffers hold (changes the result): what their L2 → shared
     memory traffic costs."""
-    src = _must(TILE_EXPECT.search(src), "a tile's bytes in K's expect") and \
-        TILE_EXPECT.sub(r"\1mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)\n", src)
+    _must(TILE_EXPECT.search(src), "a tile's bytes in K's expect")
+    src = TILE_EXPECT.sub(r"\1mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes)\n", src)
     src, n = TILE_LOAD.subn("", src)
     _must(n, "a tile's TMA load")
     return src

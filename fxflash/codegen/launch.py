@@ -144,6 +144,15 @@ def _kernel_args(specs, values: LaunchValues) -> list:
     return [ARG_SOURCES[spec[0]](spec, values) for spec in specs]
 
 
+def _filled(template: list, slots: list, values: LaunchValues) -> list:
+    """``template`` (a bound launch's arguments, tensors left as None) with the tensor of each
+    ``(position, spec)`` slot read from ``values``."""
+    args = list(template)
+    for position, spec in slots:
+        args[position] = ARG_SOURCES[spec[0]](spec, values)
+    return args
+
+
 def _gluon_args(gplan, tile, inputs, frame, out, sides) -> list:
     """The values of ``gplan.args`` for a Gluon launch with configuration ``tile`` (tile summaries
     per key tile of that configuration)."""
@@ -164,11 +173,8 @@ class BoundLaunch:
 
     def launch(self, out, inputs, sides) -> None:
         summaries = tile_summaries(self.plan, inputs, self.block_n) if self.plan.summaries else ()
-        values = LaunchValues(inputs, None, out, sides, summaries)
-        args = list(self.template)
+        args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, summaries))
         args[0] = out
-        for position, spec in self.slots:
-            args[position] = ARG_SOURCES[spec[0]](spec, values)
         self.runner(*args)
 
 
@@ -214,10 +220,7 @@ class BoundGluonLaunch:
             if not gplan.summaries:
                 self.template = [None if spec[0] in TENSOR_KINDS else a for a, spec in zip(args, gplan.args)]
         else:
-            values = LaunchValues(inputs, None, out, sides, ())
-            args = list(self.template)
-            for position, spec in self.slots:
-                args[position] = ARG_SOURCES[spec[0]](spec, values)
+            args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, ()))
         descs = [gluon_launch.rebased(desc, inputs[i]) for desc, i in zip(self.descs, gluon_launch.tma_inputs(gplan))]
         self.runner(*descs, out, *args, *self.tail)
 
