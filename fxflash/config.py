@@ -85,8 +85,9 @@ class Config:
                      the JIT (for A/B measurements, or a Triton whose launcher differs).
     bind_gluon_launches: remember a Gluon launch per layout too (launch.BoundGluonLaunch: no
                      tuner lookup, launch checks, JIT entry or descriptor builds after the first
-                     call): 68 µs of host time per call for vanilla instead of 191 on an H200
-                     (benchmarks/NOTES.md);
+                     call, and the arguments the layout fixes kept): 68 µs of host time per call
+                     for vanilla instead of 191 on an H200, the Evoformer at B=1 114–121 µs
+                     (157–177 before its arguments were kept; benchmarks/NOTES.md);
                      ``FXFLASH_BIND_GLUON_LAUNCHES=0`` sends every Gluon launch through the checks
                      and Gluon's JIT.
     """
