@@ -331,6 +331,13 @@ def test_a_persistent_grid_serves_regions_without_tile_masks(monkeypatch):
     for name in ("causal", "document_mask"):
         assert "persistent grid" in gluon_launch.launch_refusal(*plans[name], [2, 4, 40, 256], tile)
     assert "Hopper" in gluon_launch.launch_refusal(*plans["vanilla"], [2, 4, 40, 256], tile)
+    # a region with an output gate: one consumer per CTA only (GATED_PERSISTENT_REFUSAL)
+    frame = [2, 4, 40, 256]
+    assert gluon_launch.launch_refusal(*plans["evoformer_row"], frame, ("gluon", 2, 128, 2, 0, 1, 1)) == \
+        gluon_launch.GATED_PERSISTENT_REFUSAL
+    assert "Hopper" in gluon_launch.launch_refusal(*plans["evoformer_row"], frame, tile)
+    assert "Hopper" in gluon_launch.launch_refusal(*plans["evoformer_row"], frame, ("gluon", 2, 128, 2, 0, 1))
+    assert "Hopper" in gluon_launch.launch_refusal(*plans["vanilla"], frame, ("gluon", 2, 128, 2, 0, 1, 1))
     monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
     assert gluon_launch.grid(tile, [2, 4, 1000, 256]) == (6,)           # 128 items, 2 CTAs on each of 3 SMs
     assert gluon_launch.grid(tile, [1, 1, 100, 256]) == (2,)            # fewer items than CTAs

@@ -26,7 +26,9 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 * on a persistent grid (``PERSISTENT_CONFIGS``, regions without tile masks) fewer CTAs walk the
   work items: the loader and each consumer compute every item's ``_work`` themselves, Q has two
   buffers (``q_empty`` releases one once its item's last ``Q·Kᵀ`` has completed), and the K/V
-  ring index and ping-pong turn count over the CTA's items. A consumer whose 64 rows all lie
+  ring index and ping-pong turn count over the CTA's items (with an output gate, one consumer
+  per CTA only: two or three gave wrong results in measurement, gluon_launch.launch_refusal).
+  A consumer whose 64 rows all lie
   past M (the last row block of 1024 rows with 3 consumers) only takes its share of the item's
   barriers (``_pass``); the grid is then coprime with the row blocks so that every CTA gets
   its share of such light items.
