@@ -4,16 +4,16 @@
         --per-element-loads --edits gate_first bias_async without:x3 --tiles gluonx1x128x3x0x2x1 gluonx1x128x2x0x2x1
     PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant alibi --seqlen 16384 --edits hoist_key_linear
     PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
-        --allow-gated-persistent --tiles gluonx1x128x2x0x2x1 gluonx2x128x3x0x1x1 --edits fence_before_release
+        --tiles gluonx1x128x2x0x2x1 gluonx2x128x3x0x1x1 --edits no_release_fence
 
 probe_edits.py's counterpart for the Gluon kernel (codegen/gluon.py): the variant's region is
 compiled with the first tile pinned, then each named edit of its printed Gluon source (``EDITS``:
 source → source, raising ValueError where it finds nothing to change) is swapped into the
 registered region and timed with each tile of ``--tiles`` pinned, alternating the order of
 the sources per round: CUDA-graph replay medians and the relative difference from the printed
-kernel's output (the first tile's: pin a correct one first, as in the third line above, where the
-second tile is one that gated regions refuse — ``--allow-gated-persistent`` lifts the refusal in
-the probe's process to study that race). ``without:x1,x3`` replaces the named loads by 0.0 — it changes the result and
+kernel's output with the first tile (``no_release_fence``, the third line above, times what the
+proxy fences before the consumers' releases cost; without them the second tile's results were
+wrong in 4 of 10 calls). ``without:x1,x3`` replaces the named loads by 0.0 — it changes the result and
 measures an upper bound, what those loads cost. The ``bias_*`` edits move the score's per-element
 loads: print the kernel with ``--per-element-loads`` (config.gluon_tma_tiles off; with it on, a
 [rows, keys] tile arrives by TMA instead, which is what the probe's measurements led to). Cases are the suite's shapes
@@ -286,15 +286,13 @@ def resident_tiles(src: str) -> str:
     return src
 
 
-def fence_before_release(src: str) -> str:
-    """A hypothesis for the race of gated regions on multi-consumer persistent grids
-    (gluon_launch.GATED_PERSISTENT_REFUSAL): the consumers read the gate and the score tiles
-    with ordinary shared-memory loads, and TMA (the async proxy) overwrites those buffers once
-    they are released; a proxy fence (``fence_async_shared``) before each release of a buffer
-    the consumer read so (``q_empty``: the gate; ``kv_empty``: the score tiles) orders them."""
-    src, n = re.subn(r"^( +)(mbarrier\.arrive\((?:q_empty|kv_empty)\.index\(\w+\), count=1\))",
-                     r"\1fence_async_shared()\n\1\2", src, flags=re.M)
-    _must(n and ("gate0_desc" in src or "tile0_desc" in src), "a gate or a score tile read before a release")
+def no_release_fence(src: str) -> str:
+    """What the proxy fence before each release of a buffer read with ordinary loads costs
+    (gluon._release): the fence removed. Wrong results without it on persistent grids of two or
+    three consumers (benchmarks/NOTES.md, twenty-third session): a timing probe only."""
+    src, n = re.subn(r"^TILE_LOADS = gl\.constexpr\(True\)", "TILE_LOADS = gl.constexpr(False)", src, flags=re.M)
+    src, m = re.subn(r"_release\(q_empty\.index\(qb\), True\)", "_release(q_empty.index(qb), False)", src)
+    _must(n + m, "a release of a buffer read with ordinary loads")
     return src
 
 
@@ -311,7 +309,7 @@ def without(names: str):
 
 EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first,
                                   gate_prefetch, q_scale_on_scores, magic_int_to_float, no_tile_loads, chunked_items,
-                                  bias_order, resident_tiles, fence_before_release)}
+                                  bias_order, resident_tiles, no_release_fence)}
 
 
 def edit_named(name: str):
@@ -345,18 +343,9 @@ def main():
     parser.add_argument("--tiles", nargs="+", default=["gluonx3x128x3x0x1"], help="Gluon tiles as tuning labels")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--show", action="store_true", help="print each edited source")
-    parser.add_argument("--allow-gated-persistent", action="store_true",
-                        help="lift gluon_launch.GATED_PERSISTENT_REFUSAL in this process (to study that race: "
-                             "pin a correct first tile, whose output the others are compared with)")
     parser.add_argument("--per-element-loads", action="store_true",
                         help="print the kernel with config.gluon_tma_tiles off (the bias_* edits change those loads)")
     opts = parser.parse_args()
-    if opts.allow_gated_persistent:
-        from fxflash.codegen import gluon_launch
-
-        refusal = gluon_launch.launch_refusal
-        gluon_launch.launch_refusal = lambda *a: (None if (why := refusal(*a)) == gluon_launch.GATED_PERSISTENT_REFUSAL
-                                                  else why)
     fields, fn, args, flops = case_of(opts)
     print(opts.variant, fields, torch.cuda.get_device_name(), flush=True)
     fxflash.config.gluon_tma_tiles = not opts.per_element_loads

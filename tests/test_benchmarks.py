@@ -171,7 +171,7 @@ GLUON_EDITS = [
     ("q_scale_on_scores", "evoformer_row", (1, 64, 2, 0, 2, 1), 128, True),
     ("no_tile_loads", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, True),
     ("chunked_items+bias_order+resident_tiles", "evoformer_row", (1, 128, 2, 0, 2, 1), 64, True),
-    ("fence_before_release", "evoformer_row", (2, 128, 3, 0, 1, 1), 64, True),
+    ("no_release_fence", "evoformer_row", (2, 128, 3, 0, 1, 1), 64, True),
     ("without:x1,x3,x6", "evoformer_row", (1, 128, 3, 0, 2, 1), 64, False),
 ]
 

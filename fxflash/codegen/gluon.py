@@ -26,12 +26,15 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 * on a persistent grid (``PERSISTENT_CONFIGS``, regions without tile masks) fewer CTAs walk the
   work items: the loader and each consumer compute every item's ``_work`` themselves, Q has two
   buffers (``q_empty`` releases one once its item's last ``Q·Kᵀ`` has completed), and the K/V
-  ring index and ping-pong turn count over the CTA's items (with an output gate, one consumer
-  per CTA only: two or three gave wrong results in measurement, gluon_launch.launch_refusal).
-  A consumer whose 64 rows all lie
+  ring index and ping-pong turn count over the CTA's items. A consumer whose 64 rows all lie
   past M (the last row block of 1024 rows with 3 consumers) only takes its share of the item's
   barriers (``_pass``); the grid is then coprime with the row blocks so that every CTA gets
-  its share of such light items.
+  its share of such light items;
+* a buffer the consumers read with ordinary shared-memory loads (a score tile, the gate in the
+  Q buffers) is released to the loader after a proxy fence (``_release``): TMA writes through
+  the async proxy, and an mbarrier alone does not order the generic proxy's reads before them.
+  Without it, gated regions on persistent grids of two or three consumers were wrong in 3–10 of
+  10 calls on the H200 (benchmarks/NOTES.md, twenty-second and twenty-third sessions).
 
 The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x = c·x'`` the
 score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
@@ -557,7 +560,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, tile_loads_read=bool(tiles), rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
         store=body("    " + line for line in store), q_scale=_q_scale_lines(q_scale),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
@@ -610,7 +613,7 @@ def _gate_lines(gates, tma_load: str, common: str) -> dict:
         attend_release="    mbarrier.arrive(q_free.index(qb), count=1)  # every Q·Kᵀ of this item has completed: the gate may come",
         gate_read=("\n    mbarrier.wait(g_ready.index(qb), (it // QB) & 1)"
                    "\n    gate0 = q_bufs.index(qb * CONSUMERS + WG).load(o_layout)"
-                   "\n    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), count=1)"),
+                   "\n    if QB > 1:\n        _release(q_empty.index(qb), True)"),
         gate_alloc=("\n    g_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    q_free = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    for i in gl.static_range(QB):"
@@ -638,6 +641,7 @@ from triton.language.extra import libdevice
 
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 MMA_ROW_SUM = gl.constexpr({mma_row_sum})  # config.gluon_mma_row_sum (gluon.row_sums_by_mma)
+TILE_LOADS = gl.constexpr({tile_loads_read})  # the consumers read score tiles from the K/V ring (_release)
 {helpers}
 
 {score_fns}
@@ -658,6 +662,17 @@ def _take_turn(turns, k, WG: gl.constexpr, PINGPONG: gl.constexpr):
 def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
         mbarrier.arrive(turns.index((WG + 1) % turns.type.shape[0]), count=1)
+
+
+@gluon.jit
+def _release(bar, READ_BY_LOADS: gl.constexpr):
+    """Hand a buffer back to the loader, whose TMA (the async proxy) overwrites it next; where
+    the consumer read it with ordinary shared-memory loads (a score tile, the gate), a proxy
+    fence first orders those reads before TMA's writes (the module docstring: wrong results
+    measured without it)."""
+    if READ_BY_LOADS:
+        fence_async_shared()
+    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
@@ -830,7 +845,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         p = p.to({dtype})
         mu = mu_new
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-        mbarrier.arrive(kv_empty.index(prev), count=1)
+        _release(kv_empty.index(prev), TILE_LOADS)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         if ROW_SUM:
             l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha, l_rows), 1)
@@ -848,7 +863,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         l_sum = gl.max(l_acc, axis=1)  # its 8 columns are equal
     else:
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-    mbarrier.arrive(kv_empty.index(last), count=1)
+    _release(kv_empty.index(last), TILE_LOADS)
 
     out = acc {normalize}
     out_rows = row0 + gl.arange(0, BM, layout=o_rows)

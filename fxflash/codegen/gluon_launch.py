@@ -51,22 +51,11 @@ def _rows_total(t: torch.Tensor) -> int:
     return last // t.stride(-2) + 1
 
 
-# Measured on the H200 (benchmarks/NOTES.md, twenty-second session; log
-# gated_persistent_race_H200.log): with an output gate, persistent grids of two or three consumers
-# gave wrong results in 4–10 of 10 calls (the Evoformer's row attention with 2 × 128 × 3, its
-# column attention with 3 × 128 × 3, with and without ping-pong), a race not yet found; one
-# consumer per CTA and one CTA per item were right in every call. Refused until it is found.
-GATED_PERSISTENT_REFUSAL = ("a persistent grid of more than one consumer with an output gate (wrong results measured: "
-                            "a race between the consumers and the gate's loads not yet found)")
-
-
 def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     """Why this launch cannot use the Gluon configuration ``tile``, or None."""
     t = gluon_tile(tile)
     if t.persistent and not gplan.dense:
         return "a persistent grid needs every item to visit every key tile (the region has tile masks)"
-    if t.persistent and t.consumers > 1 and gplan.gates:
-        return GATED_PERSISTENT_REFUSAL
     device = inputs[0].device
     if device.type != "cuda" or not _hopper(device.index):
         return "the Gluon kernel needs a Hopper GPU (sm_90)"
