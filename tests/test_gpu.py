@@ -235,6 +235,29 @@ def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
     assert_accurate(grouped, (q, k, v), out)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon probe is written for Hopper (wgmma, TMA, setmaxnreg)")
+@pytest.mark.parametrize("config", ["128x2", "128x2pP", "64x2p", "64x3P"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_diff_gluon_probe_computes_differential_attention(config, D):
+    """benchmarks/probe_diff_gluon's two-stream kernel (one consumer warp group per stream,
+    timed in benchmarks/NOTES.md) computes ``variants.diff_attention`` within eager's error, with
+    one CTA per item and persistent (``P``: 5 CTAs walk the 24 items, so the Q buffers, the K/V
+    ring and the buffer in which stream 1 hands its output over are reused across items)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import probe_diff_gluon
+
+    if D == 128 and (config.startswith("128") or "P" in config or config.endswith("3p")):
+        pytest.skip("at D = 128 only 64-key tiles, two buffers and one CTA per item fit in shared memory")
+    variant = VARIANTS["diff_attention"]
+    q, k, v = variant.inputs(Shape(B=2, H=3, Hkv=3, M=256, N=256, D=D, Dv=D), torch.bfloat16, "cuda")
+    out = torch.full((2, 3, 256, 2 * D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    probe_diff_gluon.diff_attention_gluon(q, k, v, 0.5, out, *probe_diff_gluon.parse_config(config), max_ctas=5)
+    assert_accurate(variant.fn, (q, k, v), out)
+
+
 needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                   reason="the Gluon kernel needs a Hopper GPU")
 
