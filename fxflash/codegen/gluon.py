@@ -560,7 +560,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, tile_loads_read=bool(tiles), rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        tile_loads_read=bool(tiles),
         store=body("    " + line for line in store), q_scale=_q_scale_lines(q_scale),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
