@@ -4,8 +4,9 @@
         --variants vanilla alibi causal --seqlens 1024 4096 16384 [--pin gluon,3,128,3,0,1] [--out CSV]
 
 For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch × seqlen = 16k
-tokens; for ``beyond``-suite variants, that suite's configs of head dim ``--head-dim`` at
-``--seqlens``, the Evoformer's at its own sizes) fxflash is compiled twice, with the
+tokens; for other variants, the ``beyond`` suite's configs of head dim ``--head-dim`` at
+``--seqlens``, the Evoformer's at its own sizes: ``bench_attention.beyond_cases``, which also
+times ``diff_attention_chunked`` as ``diff_attention``) fxflash is compiled twice, with the
 ``fxflash.config`` settings all False (A) and all True (B), each autotuned as usual; then A
 and B are timed alternately ``--rounds`` times (``bench_attention.medians``: do_bench
 medians, each after a rest, and CUDA-graph replays) and the median of each side is reported
@@ -98,7 +99,7 @@ def cases(opts, flex):
     H, D, tokens = 16, 64, 16384
     for S in opts.seqlens:
         for name in opts.variants:
-            if name in SUITES["beyond"]:
+            if name not in SUITES["softmax"]:  # the beyond suite's, and its other variants (beyond_cases)
                 if name.startswith("evoformer") and S != opts.seqlens[0]:
                     continue  # its sizes are its own: once
                 for fields, fn, args, _ in beyond_cases(name, [S], "cuda", torch.bfloat16):

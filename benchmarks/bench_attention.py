@@ -318,7 +318,7 @@ def beyond_cases(name: str, seqlens, device, dtype, tokens=16384):
     def rnd(*shape, scale=1.0):
         return (scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
 
-    if name in ("diff_attention", "diff_transformer"):
+    if name in ("diff_attention", "diff_transformer", "diff_attention_chunked"):
         for heads, d in ((32, 64), (16, 128)):
             for S in seqlens:
                 B, H = max(1, tokens // S), heads // 2

@@ -160,7 +160,7 @@ def bias_async(src: str) -> str:
     src = _replace(src, "from triton.language.extra import libdevice\n", "from triton.language.extra import libdevice\n"
                    "from triton.experimental.gluon.language.nvidia.ampere import async_copy\n")
     src = src.replace("ones, q_ready", "ones, b_bufs, q_ready")  # every signature and call passes the buffers
-    alloc = "    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout)\n"
+    alloc = "    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, DV], v_desc.layout)\n"
     src = _replace(src, alloc, alloc + "    b_layout: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])\n"
                    f"    b_bufs = gl.allocate_shared_memory({ptr}.dtype.element_ty, [CONSUMERS, BM, BLOCK_N], b_layout)\n")
     rest = None
@@ -175,16 +175,16 @@ def bias_async(src: str) -> str:
 
 def _output_loads_at(src: str, anchor: str) -> str:
     """The epilogue's loads (an output gate) issued at ``anchor`` of _attend, converted where they were."""
-    epilogue = _must(re.search(r"    DV: gl.constexpr = D\n", src), "the epilogue's output ops")
+    epilogue = _must(re.search(r"    rm = gl.expand_dims\(out_rows, 1\)\n", src), "the epilogue's output ops")
     loads = list(LOAD.finditer(src, epilogue.end()))
     _must(loads, "a load in the epilogue")
     early = ("    out_rows = row0 + gl.arange(0, BM, layout=o_rows)\n"
-             "    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))\n"
+             "    out_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))\n"
              "    g_rm = gl.expand_dims(out_rows, 1)\n    g_dvc = gl.expand_dims(out_cols, 0)\n")
     for m in loads:
         src = src.replace(m.group(0), f"{m.group(1)}{m.group(2)} = {m.group(2)}_raw.to({m.group(5)})")
         load = f"gl.load({m.group(3)}, mask={m.group(4)}, other=0)"
-        early += f"    {m.group(2)}_raw = " + re.sub(r"\brm\b", "g_rm", re.sub(r"\bdvc\b", "g_dvc", re.sub(r"\bDV\b", "D", load))) + "\n"
+        early += f"    {m.group(2)}_raw = " + re.sub(r"\brm\b", "g_rm", re.sub(r"\bdvc\b", "g_dvc", load)) + "\n"
     return _replace(src, anchor, early + anchor)
 
 

@@ -1,13 +1,14 @@
 """Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
-    python tests/gluon_compile.py [--edit NAME] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
+    python tests/gluon_compile.py [--edit NAME] [--dv DV] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
 
 Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
 each row's ``p``, and from this Triton's ptxas (``-v``) its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas). The
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
-``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py)."""
+``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py);
+``--dv DV`` gives V a head dim other than Q's and K's D."""
 import os
 import re
 import subprocess
@@ -28,10 +29,11 @@ from helpers import TRITON_TYPES as TYPES, region_and_kinds
 
 
 
-def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, edit=None):
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, edit=None, dv=None):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
-    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=d), dtype)
+    dv = dv or d
+    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=dv), dtype)
     region, kinds = region_and_kinds(variant.fn, *args)
     assert refusal(region) is None, refusal(region)
     plan = emit_gluon(region, kinds)
@@ -47,7 +49,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
         block = [rows, cols]
         return f"tensordesc<{TYPES[dtype]}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
-    runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n), "out_ptr": f"*{TYPES[dtype]}"}
+    runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n, dv), "out_ptr": f"*{TYPES[dtype]}"}
     first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate
     runtime.update({name: desc(64) if name.startswith("gate") else desc(64 * consumers, block_n)
                     for name in kernel.arg_names[3:first - 1]})
@@ -64,7 +66,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
-          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles))}), {regs} registers per consumer thread; row sums "
+          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles), dv)}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; {spills(compiled.asm['ptx'])}")
 
 
@@ -107,5 +109,6 @@ if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)
     argv = sys.argv[1:]
     edit = argv.pop(argv.index("--edit") + 1) if "--edit" in argv else None
-    argv = [a for a in argv if a != "--edit"]
-    main(argv[0], argv[1], *(int(a) for a in argv[2:]), edit=edit)
+    dv = int(argv.pop(argv.index("--dv") + 1)) if "--dv" in argv else None
+    argv = [a for a in argv if a not in ("--edit", "--dv")]
+    main(argv[0], argv[1], *(int(a) for a in argv[2:]), edit=edit, dv=dv)

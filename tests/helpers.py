@@ -37,14 +37,16 @@ def region_and_kinds(fn, *args):
 needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no Gluon Hopper API")
 
 
-def compile_for_hopper(name, dtype, d, tile, edit=None, **settings) -> str:
+def compile_for_hopper(name, dtype, d, tile, edit=None, dv=None, **settings) -> str:
     """tests/gluon_compile.py's report of ``name``'s Gluon kernel with configuration ``tile`` (hand
-    edit ``edit`` of probe_gluon_edits applied, if given), compiled for sm_90 in a process of its
-    own (without TRITON_INTERPRET) with the environment ``settings``."""
+    edit ``edit`` of probe_gluon_edits applied, if given; V's head dim ``dv`` if not ``d``),
+    compiled for sm_90 in a process of its own (without TRITON_INTERPRET) with the environment
+    ``settings``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(settings)
     here = os.path.dirname(__file__)
     done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), *(["--edit", edit] if edit else []),
+                           *(["--dv", str(dv)] if dv else []),
                            name, dtype, str(d), *map(str, tile)], cwd=here, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and f"compiled {name}" in done.stdout, done.stderr[-3000:]

@@ -129,6 +129,25 @@ def test_head_dims_outside_64_and_128_get_none():
     assert not region.gluon_source and "head dims" in region.steps[-1]
 
 
+@needs_gluon
+@pytest.mark.parametrize("d,dv", [(64, 128), (128, 64)])
+def test_v_may_have_a_head_dim_other_than_q_and_k(d, dv):
+    """Q and K ``[.., D]``, V ``[.., Dv]`` (differential attention written as two attention calls:
+    D = 64, Dv = 128): V's TMA block and buffers are Dv wide and so is the accumulator
+    (``DV`` from V's descriptor); the configurations are those of the wider head dim, whose
+    accumulator or Q and K tiles they were sized for, and its shared memory counts V at Dv."""
+    from fxflash.codegen import gluon_launch
+
+    variant = VARIANTS["vanilla"]
+    shape = Shape(B=2, H=4, Hkv=2, M=40, N=256, D=d, Dv=dv)
+    plan = emit_gluon(*region_and_kinds(variant.fn, *variant.inputs(shape, torch.bfloat16)))
+    assert (plan.d, plan.dv, plan.configs_dim) == (d, dv, 128)
+    assert "DV: gl.constexpr = v_desc.block_type.shape[1]" in plan.source and "gl.zeros([BM, DV]" in plan.source
+    tile = PERSISTENT_CONFIGS[128][0]
+    assert gluon_launch._blocks(plan, tile)[:3] == ([64, d], [tile[2], d], [tile[2], dv])
+    assert shared_bytes(tile, d, 2, 0, dv) - shared_bytes(tile, d) == tile[3] * tile[2] * (dv - d) * 2
+
+
 def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     assert to_gluon("t1 = tl.where(c, tl.exp2(x), tl.maximum(a, b))") == \
         "t1 = gl.where(c, gl.exp2(x), gl.maximum(a, b))"
@@ -157,13 +176,18 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("evoformer_row", "bfloat16", 128, (2, 128, 2, 0, 1), "0"),  # q / √128 applied to the Q tile
     ("evoformer_row", "bfloat16", 128, (1, 64, 2, 0, 2, 1), "0"),
     ("scale_q_first", "float16", 128, (1, 64, 3, 0, 2), "0"),
+    ("vanilla", "bfloat16", (64, 128), (2, 128, 3, 0, 1), "0"),    # V wider than Q and K
+    ("additive_mask", "bfloat16", (64, 128), (1, 64, 2, 0, 2, 1), "0"),
+    ("vanilla", "bfloat16", (128, 64), (2, 128, 2, 0, 1, 1), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
     register budget), with Triton's ptxas and no GPU; its shared memory is the buffers that
     shared_bytes counts (plus at most 1 KB of barriers), and it sums rows by ``P·1`` on the
-    tensor cores where row_sums_by_mma says so (one CTA per SM)."""
-    compiled = compile_for_hopper(name, dtype, d, tile, FXFLASH_GLUON_FULL_TILES=full_tiles)
+    tensor cores where row_sums_by_mma says so (one CTA per SM). ``d``: a head dim, or
+    (Q and K's, V's)."""
+    d, dv = d if isinstance(d, tuple) else (d, None)
+    compiled = compile_for_hopper(name, dtype, d, tile, dv=dv, FXFLASH_GLUON_FULL_TILES=full_tiles)
     shared, buffers = map(int, re.search(r"shared (\d+) bytes \(buffers (\d+)\)", compiled).groups())
     assert buffers <= shared <= buffers + 1024, compiled
     assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile)), compiled

@@ -286,6 +286,28 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
     assert_accurate(variant.fn, args, _pinned_call(fxflash.optimize(variant.fn), args, tile))
 
 
+# V's head dim other than Q's and K's: one-CTA-per-item configurations on every variant here,
+# persistent ones on those without tile masks (GluonPlan.configs_dim: those of head dim 128).
+DV_VARIANTS = ["vanilla", "causal", "additive_mask", "diff_attention_chunked"]
+DV_CASES = [(name, dims, tile) for dims in ((64, 128), (128, 64)) for name in DV_VARIANTS
+            for tile in GLUON_CONFIGS[128] + (PERSISTENT_CONFIGS[128] if name != "causal" else ())]
+
+
+@needs_hopper
+@pytest.mark.parametrize("name,dims,tile", DV_CASES,
+                         ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x[1:] if x[0] == "gluon" else x)))
+def test_gluon_kernel_with_v_head_dim_other_than_qk_on_gpu(name, dims, tile):
+    """Q and K of head dim D, V of Dv (differential attention written as two attention calls
+    has D = 64, Dv = 128): the Gluon kernel's V tiles and accumulator are Dv wide; bf16 within
+    eager's error, for each configuration of the wider head dim that fits."""
+    d, dv = dims
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=dv), torch.bfloat16, "cuda")
+    for region in fxflash.explain(variant.fn, *args).regions:
+        assert region.fused and "warp_specialize" in region.gluon_source, region.steps
+    assert_accurate(variant.fn, args, _pinned_call(fxflash.optimize(variant.fn), args, tile))
+
+
 def _pinned_call(fast, args, tile):
     """``fast(*args)`` with Gluon configuration ``tile`` pinned; skipped where the region's
     TMA-read score tiles rule the configuration out (its buffers do not fit shared memory, or

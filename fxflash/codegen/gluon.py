@@ -47,7 +47,7 @@ and columns, stored at the output's strides.
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 or fp16 Q, K,
-V with ``D = Dv`` ∈ {64, 128}, read as stored: a scale on K only by positive powers of two,
+V with head dims ``D`` (Q, K) and ``Dv`` (V) ∈ {64, 128}, read as stored: a scale on K only by positive powers of two,
 which the scores carry exactly, as Q's (``score_scale``); any other scale on Q applied to each
 consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a
 launch can use it (TMA reads each operand as a
@@ -130,14 +130,16 @@ def gluon_tile(tile) -> GluonTile:
     return GluonTile(*tile[1:])
 
 
-def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0) -> int:
-    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K and V tiles,
-    ``NBUF`` [rows, keys] tiles of each of ``tiles`` score inputs read by TMA (GluonPlan.tiles)
-    and, with the row sums on the tensor cores, the ``[8, block_n]`` ones of ``P·1``, for one CTA."""
+def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = None) -> int:
+    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K tiles (head dim
+    ``d``) and V tiles (``dv``, d if None), ``NBUF`` [rows, keys] tiles of each of ``tiles``
+    score inputs read by TMA (GluonPlan.tiles) and, with the row sums on the tensor cores, the
+    ``[8, block_n]`` ones of ``P·1``, for one CTA."""
     t = gluon_tile(tile)
     rows = t.consumers * ROWS_PER_CONSUMER
     ones = 8 * t.block_n if row_sums_by_mma(tile) else 0
-    return ((1 + t.persistent) * rows * d + 2 * t.nbuf * t.block_n * d + tiles * t.nbuf * rows * t.block_n + ones) * elem
+    kv = t.nbuf * t.block_n * (d + (d if dv is None else dv))
+    return ((1 + t.persistent) * rows * d + kv + tiles * t.nbuf * rows * t.block_n + ones) * elem
 
 
 def row_sums_by_mma(tile) -> bool:
@@ -248,7 +250,7 @@ REGION_RULES = (
     (lambda r: bool(r.partners), "more than one score contraction"),
     (lambda r: bool(r.side_outputs), "row values returned beside the output"),
     (lambda r: bool(r.epilogue), "row ops after the loop"),
-    (lambda r: r.D != r.Dv or r.D not in HEAD_DIMS, f"head dims other than D = Dv ∈ {HEAD_DIMS}"),
+    (lambda r: r.D not in HEAD_DIMS or r.Dv not in HEAD_DIMS, f"head dims D or Dv outside {HEAD_DIMS}"),
     (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
      "an operand stored transposed (TMA reads Q, K and V as [rows, head dim])"),
     (lambda r: bool(r.v.scale), "V scaled before the matmul"),
@@ -336,7 +338,8 @@ class GluonPlan:
     """The Gluon kernel of a region: its source and name, the run-time parameters after the
     three descriptors and the output pointer (``KernelPlan.args`` kinds, indexing
     ``input_nodes``), the positions of Q, K and V among those inputs, the per-key-tile
-    summaries its tile range reads (``KernelPlan.summaries``), and the head dim."""
+    summaries its tile range reads (``KernelPlan.summaries``), and the head dims of Q and K
+    (``d``) and of V (``dv``); ``configs_dim``: the head dim whose configurations it takes."""
 
     name: str
     source: str
@@ -345,6 +348,7 @@ class GluonPlan:
     operands: tuple    # input indices of Q, K, V
     summaries: tuple
     d: int
+    dv: int
     dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
     tiles: tuple = ()    # input indices of the score's [rows, keys] tiles read by TMA (_GluonPrinter)
     gates: tuple = ()    # (input index, row axis) of an output gate read by TMA into the Q buffers
@@ -358,6 +362,12 @@ class GluonPlan:
                                    operands=tuple(new[i] for i in self.operands), tiles=tuple(new[i] for i in self.tiles),
                                    gates=tuple((new[i], axis) for i, axis in self.gates),
                                    summaries=tuple((new[i], axis) for i, axis in self.summaries))
+
+    @property
+    def configs_dim(self) -> int:
+        """The key of GLUON_CONFIGS and PERSISTENT_CONFIGS: the wider head dim, which sizes the
+        accumulator (Dv) or the Q and K tiles (D) as those configurations were sized for."""
+        return max(self.d, self.dv)
 
 
 INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
@@ -405,6 +415,7 @@ class _GluonPrinter(_Printer):
         val = node.meta["val"]
         rows = [a for a, e in enumerate(idx) if e == ROW]
         return (config.gluon_tma_tiles and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
+                and self.r.D == self.r.Dv  # the Q buffers it arrives in are [64, D]
                 and len(rows) == 1 and all(e in (None, ROW) or re.fullmatch(r"fb\d+", e) for e in idx[:-1])
                 and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
                 and val.stride(-1) == 1 and val.stride(rows[0]) > 0)
@@ -454,15 +465,15 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
                      [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [])
-    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D,
+    return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates))
 
 
-# The consumer's store of its rows ``out`` (fp32, [64, D] in the wgmma layout) into a contiguous
-# [*batch, M, D] output, when the region has no output ops.
+# The consumer's store of its rows ``out`` (fp32, [64, Dv] in the wgmma layout) into a contiguous
+# [*batch, M, Dv] output, when the region has no output ops.
 PLAIN_STORE = [
-    "offs = gl.expand_dims(lin.to(gl.int64) * M + out_rows, 1) * D + gl.expand_dims(out_cols, 0)",
+    "offs = gl.expand_dims(lin.to(gl.int64) * M + out_rows, 1) * DV + gl.expand_dims(out_cols, 0)",
     "gl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(out_rows < M, 1))",
 ]
 
@@ -477,8 +488,7 @@ def _output_store(pr: _Printer) -> list:
     pr.in_epilogue, pr.prefetch_epilogue, pr.post = True, False, []
     pr.store_through_output_ops()
     pr.in_epilogue = False
-    return [f"{ROW} = gl.expand_dims(out_rows, 1)", f"{DVC} = gl.expand_dims(out_cols, 0)", "DV: gl.constexpr = D",
-            *pr.post]
+    return [f"{ROW} = gl.expand_dims(out_rows, 1)", f"{DVC} = gl.expand_dims(out_cols, 0)", *pr.post]
 
 
 def attach(plan, region: Region, kinds: dict) -> None:
@@ -785,12 +795,12 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     CONSUMERS: gl.constexpr = turns.type.shape[0]
     QB: gl.constexpr = q_bufs.type.shape[0] // CONSUMERS
     BM: gl.constexpr = q_desc.block_type.shape[0]
-    D: gl.constexpr = q_desc.block_type.shape[1]
+    DV: gl.constexpr = v_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     NBUF: gl.constexpr = k_bufs.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -804,7 +814,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     qb = it % QB
     q = q_bufs.index(qb * CONSUMERS + WG)
     mbarrier.wait(q_ready.index(qb), (it // QB) & 1){q_scale}
-    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    acc = gl.zeros([BM, DV], gl.float32, o_layout)
 
     mbarrier.wait(k_ready.index(t % NBUF), (t // NBUF) & 1)
     _take_turn(turns, t + it, WG, PINGPONG)
@@ -868,7 +878,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
     out = acc {normalize}
     out_rows = row0 + gl.arange(0, BM, layout=o_rows)
-    out_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout)){gate_read}
+    out_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout)){gate_read}
 {store}
 
 
@@ -886,6 +896,7 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
     to a power of two."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
+    DV: gl.constexpr = v_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * BM
     QB: gl.constexpr = 1 + PERSISTENT
@@ -893,7 +904,7 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
     n_items = {items}
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [QB * CONSUMERS, BM, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, D], v_desc.layout){tile_alloc}
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, DV], v_desc.layout){tile_alloc}
     if MMA_ROW_SUM and CTAS == 1:  # gluon.row_sums_by_mma: the ones of P·1, keys along rows like K's
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         ones = gl.allocate_shared_memory(k_desc.dtype, [8, BLOCK_N], k_desc.layout,

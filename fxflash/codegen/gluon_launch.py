@@ -67,7 +67,8 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         return "a score input read by TMA needs a power-of-two number of consumers (its block holds the CTA's rows)"
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
-    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size(), len(gplan.tiles)) * t.ctas > SHARED_BYTES:
+    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size(), len(gplan.tiles), gplan.dv) * t.ctas \
+            > SHARED_BYTES:
         return "its buffers exceed shared memory"
     return None
 
@@ -89,7 +90,8 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
     that cannot run it."""
     if gplan is None or not config.gluon:
         return []
-    tiles = GLUON_CONFIGS[gplan.d] if frame[-1] >= GLUON_MIN_KEYS else PERSISTENT_CONFIGS[gplan.d]
+    configs = GLUON_CONFIGS if frame[-1] >= GLUON_MIN_KEYS else PERSISTENT_CONFIGS
+    tiles = configs[gplan.configs_dim]
     return [tile for tile in tiles if launch_refusal(gplan, inputs, frame, tile) is None]
 
 
@@ -100,7 +102,7 @@ def _blocks(gplan: GluonPlan, tile) -> tuple:
     t = gluon_tile(tile)
     tiles = [[t.consumers * ROWS_PER_CONSUMER, t.block_n]] * len(gplan.tiles)
     gates = [[ROWS_PER_CONSUMER, gplan.d]] * len(gplan.gates)
-    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.d], *tiles, *gates
+    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates
 
 
 def tma_inputs(gplan: GluonPlan) -> tuple:
@@ -114,7 +116,7 @@ def _tma_reads(gplan: GluonPlan, inputs: list) -> list:
     cols]`` view, cols, and how a refusal names the input and its last axis): Q, K and V, the
     score's [rows, keys] tiles, the output gate with its row axis moved next to its last. Each
     view starts at its input's first element, so a descriptor can be rebased on the input."""
-    return [*((inputs[i], gplan.d, "an operand", "head dim") for i in gplan.operands),
+    return [*((inputs[i], d, "an operand", "head dim") for i, d in zip(gplan.operands, (gplan.d, gplan.d, gplan.dv))),
             *((inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis") for i in gplan.tiles),
             *((inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim") for i, axis in gplan.gates)]
 
