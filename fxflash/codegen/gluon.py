@@ -47,8 +47,8 @@ and columns, stored at the output's strides.
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 or fp16 Q, K,
-V with head dims ``D`` (Q, K) and ``Dv`` (V) ∈ {64, 128}, read as stored: a scale on K only by positive powers of two,
-which the scores carry exactly, as Q's (``score_scale``); any other scale on Q applied to each
+V with head dims ``D`` (Q, K) and ``Dv`` (V) ∈ {64, 128}, read as stored: a scale on K only by
+positive powers of two, which the scores carry exactly, as Q's (``score_scale``); any other scale on Q applied to each
 consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a
 launch can use it (TMA reads each operand as a
 ``[R, sr]`` matrix, its batch axes whole rows apart or inside one row, rows 16-byte aligned,
