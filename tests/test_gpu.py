@@ -308,6 +308,10 @@ def test_gluon_kernel_with_v_head_dim_other_than_qk_on_gpu(name, dims, tile):
     assert_accurate(variant.fn, args, _pinned_call(fxflash.optimize(variant.fn), args, tile))
 
 
+# Why a pinned Gluon configuration cannot run beside a TMA-read score tile (gluon_launch.launch_refusal).
+SCORE_TILE_REFUSALS = ("exceed shared memory", "power-of-two number of consumers")
+
+
 def _pinned_call(fast, args, tile):
     """``fast(*args)`` with Gluon configuration ``tile`` pinned; skipped where the region's
     TMA-read score tiles rule the configuration out (its buffers do not fit shared memory, or
@@ -321,9 +325,6 @@ def _pinned_call(fast, args, tile):
         if any(why in str(exc) for why in SCORE_TILE_REFUSALS):
             pytest.skip(str(exc))
         raise
-
-
-SCORE_TILE_REFUSALS = ("exceed shared memory", "power-of-two number of consumers")
 
 
 # Persistent configurations (the tuner's, one with ping-pong); the regions without tile masks.

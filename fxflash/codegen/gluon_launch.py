@@ -67,8 +67,8 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         return "a score input read by TMA needs a power-of-two number of consumers (its block holds the CTA's rows)"
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
-    if shared_bytes(tile, gplan.d, inputs[gplan.operands[0]].element_size(), len(gplan.tiles), gplan.dv) * t.ctas \
-            > SHARED_BYTES:
+    elem = inputs[gplan.operands[0]].element_size()
+    if shared_bytes(tile, gplan.d, elem, len(gplan.tiles), gplan.dv) * t.ctas > SHARED_BYTES:
         return "its buffers exceed shared memory"
     return None
 
