@@ -42,6 +42,9 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
 
         if plan.gluon is None:
             gluon_line = f"Gluon kernel (Hopper): none, {plan.gluon_refusal}"
+        elif plan.gluon.streams > 1:
+            gluon_line = ("Gluon kernel (Hopper): printed, one consumer warp group per softmax stream; the tuner "
+                          "times it beside the Triton kernel")
         else:
             gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel, one CTA "
                           f"per item on rows of at least {GLUON_MIN_KEYS} keys"

@@ -1,14 +1,16 @@
 """Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
-    python tests/gluon_compile.py [--edit NAME] [--dv DV] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG [CTAS_PER_SM [PERSISTENT]]
+    python tests/gluon_compile.py [--edit NAME] [--dv DV] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
+        [CTAS_PER_SM [PERSISTENT [STREAMS]]]
 
 Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
 each row's ``p``, and from this Triton's ptxas (``-v``) its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas). The
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
 ``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py);
-``--dv DV`` gives V a head dim other than Q's and K's D."""
+``--dv DV`` gives V a head dim other than Q's and K's D (differential attention's V is 2·DV wide);
+STREAMS 2 compiles a two-stream region's configuration."""
 import os
 import re
 import subprocess
@@ -29,7 +31,7 @@ from helpers import TRITON_TYPES as TYPES, region_and_kinds
 
 
 
-def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, edit=None, dv=None):
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, streams=1, edit=None, dv=None):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     dv = dv or d
@@ -49,14 +51,14 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
         block = [rows, cols]
         return f"tensordesc<{TYPES[dtype]}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
-    runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n, dv), "out_ptr": f"*{TYPES[dtype]}"}
+    runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n, plan.dv), "out_ptr": f"*{TYPES[dtype]}"}
     first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate
     runtime.update({name: desc(64) if name.startswith("gate") else desc(64 * consumers, block_n)
                     for name in kernel.arg_names[3:first - 1]})
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
-    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent)
+    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams)
     maxnreg, regs = register_budget(consumers, ctas)
     constexprs = gluon_launch.constexprs(tile)  # the kernel's last arguments, in order (BoundGluonLaunch)
     assert list(kernel.arg_names[-len(constexprs):]) == list(constexprs), kernel.arg_names
@@ -66,7 +68,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
-          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles), dv)}), {regs} registers per consumer thread; row sums "
+          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles), plan.dv)}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; {spills(compiled.asm['ptx'])}")
 
 

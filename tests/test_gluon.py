@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import tuning
-from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, emit_gluon, gluon_tile,
-                                   register_budget, row_sums_by_mma, shared_bytes, to_gluon)
+from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, STREAM_CONFIGS, emit_gluon,
+                                   gluon_tile, register_budget, row_sums_by_mma, shared_bytes, to_gluon)
 from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
@@ -57,7 +57,6 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
 @needs_gluon
 @pytest.mark.parametrize("name,dtype,reason", [
     ("sigmoid_attention", torch.bfloat16, "not one maximum and one sum"),
-    ("diff_attention", torch.bfloat16, "two softmax streams"),
     ("softmax_one", torch.bfloat16, "row ops after the loop"),
     ("vanilla", torch.float32, "not all bf16 or all fp16"),
 ])
@@ -66,6 +65,36 @@ def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
     region = fxflash.explain(variant.fn, *variant.inputs(SHAPE, dtype)).regions[0]
     assert region.fused and not region.gluon_source
     assert region.steps[-1].startswith("Gluon kernel (Hopper): none") and reason in region.steps[-1]
+
+
+@needs_gluon
+@pytest.mark.parametrize("lam,combined", [(0.5, "out = out - other * 0.5"), (-0.25, "out = out + other * 0.25")])
+def test_two_softmax_streams_get_one_consumer_each(lam, combined):
+    """Differential attention: consumer s runs stream s over the item's 64 rows (its Q tile and
+    K tiles from head 2h + s, the shared V tile), stream 1 hands its normalized output to stream
+    0 in shared memory and stream 0 stores ``O₀ − λ·O₁``; two-stream configurations only."""
+    variant = VARIANTS["diff_attention"]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=4, M=40, N=48, D=64, Dv=64), torch.bfloat16)
+    region, kinds = region_and_kinds(variant.fn, *args, lam)
+    plan = emit_gluon(region, kinds)
+    assert (plan.streams, plan.d, plan.dv) == (2, 64, 128)
+    src = plan.source
+    assert src.count("tma.") and "k_bufs.index(idx * 2 + 1)" in src and "[k_row_1 + key, k_col_1]" in src
+    assert "q_bufs.index(qb * CONSUMERS + 1)" in src and "k_bufs.index(idx * 2 + WG)" in src
+    assert "c_buf.store(out)" in src and combined in src
+    assert "((fb0) * FB1 + fb1) * 2 + 1" in src  # stream 1's batch index: head 2h + 1
+    tiles = candidates(plan, list(args), [2, 4, 40, 48])
+    assert tiles == [] and all(gluon_tile(t).streams == 2 for t in STREAM_CONFIGS[128])  # no GPU here
+
+
+@needs_gluon
+def test_a_stream_weight_that_is_a_tensor_is_named():
+    """λ as a 0-d tensor (the Diff Transformer computes it from parameters): the Gluon kernel
+    weighs the streams by numbers only, so the region keeps its Triton kernel and says why."""
+    variant = VARIANTS["diff_attention"]
+    region = fxflash.explain(variant.fn, *variant.inputs(SHAPE, torch.bfloat16), torch.tensor(0.3)).regions[0]
+    assert region.fused and not region.gluon_source
+    assert region.steps[-1].endswith("not exp(scores − max) / sum times a number"), region.steps[-1]
 
 
 @needs_gluon
@@ -179,6 +208,9 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("vanilla", "bfloat16", (64, 128), (2, 128, 3, 0, 1), "0"),    # V wider than Q and K
     ("additive_mask", "bfloat16", (64, 128), (1, 64, 2, 0, 2, 1), "0"),
     ("vanilla", "bfloat16", (128, 64), (2, 128, 2, 0, 1, 1), "0"),
+    ("diff_attention", "bfloat16", 64, (2, 128, 2, 0, 1, 1, 2), "0"),   # two streams, V 128 wide
+    ("diff_attention", "float16", 64, (2, 128, 2, 1, 1, 0, 2), "0"),
+    ("diff_attention", "bfloat16", 128, (2, 64, 2, 0, 1, 0, 2), "0"),   # V 256 wide
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
@@ -400,6 +432,10 @@ def test_every_configuration_fits_its_share_of_an_sm():
             assert t.ctas * maxnreg * (4 * t.consumers + 4) * 32 <= 65536, tile
             assert 160 <= regs <= 256 and regs * t.consumers * 128 + LOADER_REGS * 128 <= maxnreg * (4 * t.consumers + 4) * 32
             assert t.ctas * shared_bytes(tile, d) <= SHARED_BYTES, tile
+    for dv, tiles in STREAM_CONFIGS.items():  # differential attention: D = Dv / 2, or D = Dv = 128
+        for tile in tiles:
+            assert register_budget(2)[1] == 240 and shared_bytes(tile, max(64, dv // 2), 2, 0, dv) <= SHARED_BYTES, tile
+    assert any(shared_bytes(tile, 128) <= SHARED_BYTES for tile in STREAM_CONFIGS[128])
 
 
 @needs_gluon

@@ -110,6 +110,17 @@ PERSISTENT_CONFIGS = {
          ("gluon", 1, 128, 3, 0, 2, 1), ("gluon", 1, 128, 2, 0, 2, 1)),
     128: (("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 64, 2, 0, 2, 1)),
 }
+# Configurations of two-stream regions (differential attention; the last field: two streams, one
+# consumer warp group each over the same 64 rows), by the wider head dim, at every row length. As
+# timed hand-written (benchmarks/probe_diff_gluon.py, H200, twenty-third session): with Dv = 128
+# the persistent grid with 128-key tiles and two buffers fastest from 512 to 8k keys, ping-pong
+# within 3 %, one CTA per item at 16k; with Dv = 256 only 64-key tiles and two buffers, one CTA
+# per item, fit shared memory (both streams' K tiles, V's, and stream 1's fp32 output).
+STREAM_DV_DIMS = (64, 128, 256)
+_STREAM_WIDE_TILES = (("gluon", 2, 128, 2, 0, 1, 1, 2), ("gluon", 2, 128, 2, 1, 1, 1, 2), ("gluon", 2, 128, 2, 0, 1, 0, 2))
+STREAM_CONFIGS = {64: _STREAM_WIDE_TILES,
+                  128: _STREAM_WIDE_TILES + (("gluon", 2, 64, 2, 0, 1, 1, 2),),  # 64-key tiles fit D = Dv = 128
+                  256: (("gluon", 2, 64, 2, 0, 1, 0, 2), ("gluon", 2, 64, 2, 1, 1, 0, 2))}
 
 
 class GluonTile(typing.NamedTuple):
@@ -120,6 +131,12 @@ class GluonTile(typing.NamedTuple):
     pingpong: int    # consumers take turns issuing their matrix products
     ctas: int        # CTAs per SM the register and shared-memory budgets are split for
     persistent: int = 0  # ``ctas`` CTAs per SM walk the work items, Q in two buffers (PERSISTENT_CONFIGS)
+    streams: int = 1     # 2: one consumer per softmax stream over the same rows (STREAM_CONFIGS)
+
+    @property
+    def rows(self) -> int:
+        """Query rows per work item: each consumer's own 64, or with streams the 64 they share."""
+        return ROWS_PER_CONSUMER * (1 if self.streams > 1 else self.consumers)
 
 
 def is_gluon_tile(tile) -> bool:
@@ -131,15 +148,18 @@ def gluon_tile(tile) -> GluonTile:
 
 
 def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = None) -> int:
-    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K tiles (head dim
-    ``d``) and V tiles (``dv``, d if None), ``NBUF`` [rows, keys] tiles of each of ``tiles``
-    score inputs read by TMA (GluonPlan.tiles) and, with the row sums on the tensor cores, the
-    ``[8, block_n]`` ones of ``P·1``, for one CTA."""
+    """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K tiles of each
+    stream (head dim ``d``) and V tiles (``dv``, d if None), ``NBUF`` [rows, keys] tiles of each
+    of ``tiles`` score inputs read by TMA (GluonPlan.tiles), with the row sums on the tensor
+    cores the ``[8, block_n]`` ones of ``P·1`` and with two streams the fp32 [64, dv] output
+    one stream hands the other, for one CTA."""
     t = gluon_tile(tile)
-    rows = t.consumers * ROWS_PER_CONSUMER
+    dv = d if dv is None else dv
     ones = 8 * t.block_n if row_sums_by_mma(tile) else 0
-    kv = t.nbuf * t.block_n * (d + (d if dv is None else dv))
-    return ((1 + t.persistent) * rows * d + kv + tiles * t.nbuf * rows * t.block_n + ones) * elem
+    kv = t.nbuf * t.block_n * (t.streams * d + dv)
+    exchange = 4 * ROWS_PER_CONSUMER * dv if t.streams > 1 else 0
+    q = (1 + t.persistent) * t.consumers * ROWS_PER_CONSUMER * d
+    return (q + kv + tiles * t.nbuf * t.rows * t.block_n + ones) * elem + exchange
 
 
 def row_sums_by_mma(tile) -> bool:
@@ -180,14 +200,16 @@ def gluon_api() -> dict | None:
 # -- which regions qualify -----------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Softmax:
-    """The parts of a region that is ``softmax(x)·V``: the maximum and sum reductions, the
-    shift ``x − max``, the exponential ``E`` and the normalized ``P = E / Σ E``."""
+    """The parts of a region that is ``softmax(x)·V``, or with two streams ``Σₛ wₛ·softmax(xₛ)·V``:
+    the maximum and sum reductions, the shift ``x − max``, the exponential ``E``, the normalized
+    ``P = E / Σ E`` and each stream's weight ``wₛ`` (a sign times a constant, as ``1`` and ``−λ``)."""
 
     maximum: fx.Node
     total: fx.Node
     shift: fx.Node
     exp: fx.Node
     p: fx.Node
+    weights: tuple = (1.0,)
 
 
 NOT_EXP_OF_SHIFT = "its sum is not over exp/exp2 of the scores minus their maximum"
@@ -207,17 +229,49 @@ def softmax_of(r: Region) -> Softmax | str:
     if (mx.factors or sm.factors or sm.scale is not mx.node or not _is_call(shift) or packet(shift.target) is not aten.sub
             or shift.args[0] is not mx.source or shift.args[1] is not mx.node):
         return NOT_EXP_OF_SHIFT
-    (sign, p, form), *more = r.terms
-    casts = []  # P = E / Σ E, then cast to a float dtype (bf16 softmax: computed in fp32, cast back)
-    while p not in r.passthrough and _is_float_cast(p):
-        casts.append(p)
-        p = p.args[0]
-    factors = [(f.op, f.row) for f in form.factors]
-    if more or sign != 1 or form.scale is not mx.node or factors != [("div", sm.node)] or r.passthrough.get(p) is not e:
-        return "the value multiplied into V is not exp(scores − max) / sum"
-    if set(r.dag[r.dag.index(mx.node):]) != {mx.node, shift, e, sm.node, p, *casts}:
+    streams = r.split.count if r.split is not None else 1
+    terms = sorted(r.terms, key=lambda term: term[2].stream or 0)
+    if [term[2].stream for term in terms] != ([None] if r.split is None else list(range(streams))):
+        return "the value multiplied into V is not one softmax per stream"
+    weights, ps, walked = [], set(), set()
+    for sign, p, form in terms:
+        weight, p, through = _stream_weight(r, p)
+        factors = [(f.op, f.row) for f in form.factors]
+        if (weight is None or form.scale is not mx.node or factors != [("div", sm.node)]
+                or r.passthrough.get(p) is not e):
+            return "the value multiplied into V is not exp(scores − max) / sum" + (" times a number" if streams > 1 else "")
+        weights.append(sign * weight)
+        ps.add(p)
+        walked |= through
+    combined = set(r.combined) | ({r.split.view} if r.split is not None else set())
+    if len(ps) != 1 or set(r.dag[r.dag.index(mx.node):]) != {mx.node, shift, e, sm.node, *ps, *walked, *combined}:
         return "the scores are used again after their maximum"
-    return Softmax(mx.node, sm.node, shift, e, p)
+    return Softmax(mx.node, sm.node, shift, e, ps.pop(), tuple(weights))
+
+
+def _stream_weight(r: Region, node: fx.Node) -> tuple:
+    """``(w, P, nodes)`` for a term of the contraction that is ``w·P`` for the region's
+    normalized softmax ``P`` (``w``: a product of Python numbers, each by ``mul`` or ``div``),
+    read through float casts and the stream split's view and selects; ``nodes``: those walked
+    through. ``w`` None where another op or a tensor factor comes first."""
+    weight, walked, split = 1.0, set(), r.split
+    while node not in r.passthrough:
+        walked.add(node)
+        if split is not None and node in split.selects:
+            node = split.view
+        elif (split is not None and node is split.view) or _is_float_cast(node):
+            node = node.args[0]
+        elif _is_call(node) and packet(node.target) in (aten.mul, aten.div) and len(node.args) == 2:
+            a, b = node.args
+            number, tensor = (a, b) if isinstance(a, (int, float)) else (b, a)
+            if not isinstance(number, (int, float)) or not isinstance(tensor, fx.Node) or (
+                    packet(node.target) is aten.div and (tensor is not a or number == 0)):
+                return None, node, walked
+            weight = weight * number if packet(node.target) is aten.mul else weight / number
+            node = tensor
+        else:
+            return None, node, walked
+    return weight, node, walked
 
 
 FLOAT_CASTS = {aten._to_copy, aten.clone, aten.alias}
@@ -246,11 +300,12 @@ def _dtype_refusal(r: Region) -> str | None:
 
 # Conditions for the Gluon kernel, each a rule of the refusal that explain() reports.
 REGION_RULES = (
-    (lambda r: r.split is not None, "two softmax streams (differential attention)"),
+    (lambda r: r.split is not None and r.split.count != 2, "more than two softmax streams"),
     (lambda r: bool(r.partners), "more than one score contraction"),
     (lambda r: bool(r.side_outputs), "row values returned beside the output"),
     (lambda r: bool(r.epilogue), "row ops after the loop"),
-    (lambda r: r.D not in HEAD_DIMS or r.Dv not in HEAD_DIMS, f"head dims D or Dv outside {HEAD_DIMS}"),
+    (lambda r: r.D not in HEAD_DIMS or r.Dv not in (HEAD_DIMS if r.split is None else STREAM_DV_DIMS),
+     f"head dims D or Dv outside {HEAD_DIMS} (Dv {STREAM_DV_DIMS} with two streams)"),
     (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
      "an operand stored transposed (TMA reads Q, K and V as [rows, head dim])"),
     (lambda r: bool(r.v.scale), "V scaled before the matmul"),
@@ -352,6 +407,7 @@ class GluonPlan:
     dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
     tiles: tuple = ()    # input indices of the score's [rows, keys] tiles read by TMA (_GluonPrinter)
     gates: tuple = ()    # (input index, row axis) of an output gate read by TMA into the Q buffers
+    streams: int = 1     # softmax streams, each its own consumer (STREAM_CONFIGS)
 
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
@@ -365,9 +421,11 @@ class GluonPlan:
 
     @property
     def configs_dim(self) -> int:
-        """The key of GLUON_CONFIGS and PERSISTENT_CONFIGS: the wider head dim, which sizes the
-        accumulator (Dv) or the Q and K tiles (D) as those configurations were sized for."""
+        """The key of GLUON_CONFIGS, PERSISTENT_CONFIGS and STREAM_CONFIGS: the wider head dim,
+        which sizes the accumulator (Dv) or the Q and K tiles (D) as those configurations were
+        sized for."""
         return max(self.d, self.dv)
+        return (GLUON_CONFIGS if keys >= GLUON_MIN_KEYS else PERSISTENT_CONFIGS)[self.configs_dim]
 
 
 INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
@@ -399,22 +457,24 @@ class _GluonPrinter(_Printer):
         return self.place(f"tile{len(self.tiles) - 1}.to({compute_dtype(node.meta['val'].dtype)})", True, "x")
 
     def is_tma_tile(self, node: fx.Node, idx: tuple) -> bool:
-        """Is ``node`` at ``idx`` a [rows, keys] tile TMA can read: the score's (not the epilogue's),
+        """Is ``node`` at ``idx`` a [rows, keys] tile TMA can read: not in a two-stream region (whose
+        loader fills each stream's K buffers), the score's (not the epilogue's),
         its last two axes the rows and the keys, every other axis a batch index or broadcast,
         16-bit, traced with contiguous keys and rows apart (not a row broadcast by ``expand``);
         launch_refusal checks each launch's layout (TMA: the rows 16-byte aligned)."""
         val = node.meta["val"]
-        return (config.gluon_tma_tiles and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
+        return (config.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
                 and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
                 and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
     def is_tma_gate(self, node: fx.Node, idx: tuple) -> bool:
-        """Is ``node`` at ``idx`` an output gate TMA can read into the item's Q buffers (the
+        """Is ``node`` at ``idx`` an output gate TMA can read into the item's Q buffers (not with
+        two streams: they hold both streams' Q tiles; the
         epilogue's first load of a [rows, Dv] block: one axis the rows, the last the head dim,
         every other a batch index or broadcast, Q's dtype, traced with a contiguous head dim)?"""
         val = node.meta["val"]
         rows = [a for a, e in enumerate(idx) if e == ROW]
-        return (config.gluon_tma_tiles and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
+        return (config.gluon_tma_tiles and self.r.split is None and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
                 and self.r.D == self.r.Dv  # the Q buffers it arrives in are [64, D]
                 and len(rows) == 1 and all(e in (None, ROW) or re.fullmatch(r"fb\d+", e) for e in idx[:-1])
                 and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
@@ -437,37 +497,68 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
             pr.param(f"{label}_nb{axis}", ("size", i, axis))
             pr.param(f"{label}_sb{axis}", ("stride", i, axis))
         pr.param(f"{label}_sr", ("stride", i, rank))  # the tensor's rows: M for Q, N for K and V
-        rows += [f"{label}_off = lin.to(gl.int64) * 0", "rest = lin"]
-        for axis in reversed(range(rank)):
-            rows += [f"{label}_off += (rest % {label}_nb{axis}).to(gl.int64) * {label}_sb{axis}",
-                     f"rest = rest // {label}_nb{axis}"]
-        rows += [f"{label}_row = ({label}_off // {label}_sr).to(gl.int32)",
-                 f"{label}_col = ({label}_off % {label}_sr).to(gl.int32)"]
-    # the score DAG up to the value the maximum reads, as emit prints it for one key tile
+        # Q and K of each stream at its own batch index (emit's stream_lin); V at the output's
+        for x, lin in (_stream_lins(pr) if label != "v" else [("", "lin")]):
+            rows += [f"{label}{x}_off = {lin}.to(gl.int64) * 0", f"rest = {lin}"]
+            for axis in reversed(range(rank)):
+                rows += [f"{label}{x}_off += (rest % {label}_nb{axis}).to(gl.int64) * {label}_sb{axis}",
+                         f"rest = rest // {label}_nb{axis}"]
+            rows += [f"{label}_row{x} = ({label}{x}_off // {label}_sr).to(gl.int32)",
+                     f"{label}_col{x} = ({label}{x}_off % {label}_sr).to(gl.int32)"]
+    # the score DAG up to the value the maximum reads, as emit prints it for one key tile, for
+    # each stream at its own batch indices
     c = score_scale(r)
-    pr.vars[r.frame] = Value("s", True) if c == 1.0 else Value(f"(s * {c!r})", True, scaled=("s", c))
-    for node in r.dag[:r.dag.index(sm.maximum)]:
-        pr.dag_node(node, {})
-    x = pr.vars[next(red.source for red in r.reductions if red.node is sm.maximum)]
-    base, c = x.scaled or (x.code, 1.0)
+    printed = []
+    for st in pr.streams:
+        pr.pre, pr.loop = [], []
+        pr.enter_stream(st)
+        pr.vars[r.frame] = Value("s", True) if c == 1.0 else Value(f"(s * {c!r})", True, scaled=("s", c))
+        for node in r.dag[:r.dag.index(sm.maximum)]:
+            pr.dag_node(node, {})
+        x = pr.vars[next(red.source for red in r.reductions if red.node is sm.maximum)]
+        printed.append((pr.pre, pr.loop, x.scaled or (x.code, 1.0)))
+    pr.enter_stream(None)
+    (pre, loop, (base, c)), *others = printed
+    if any(scale != c for _, _, (_, scale) in others):
+        raise Unprintable("the streams' scores carry different scales")
     k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
-    pre, loop = pr.pre, pr.loop
     store = [to_gluon(line) for line in _output_store(pr)]
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = [to_gluon(line) for line in pr.tile_range()]
+    if others and pr.skips_tiles:
+        raise Unprintable("two softmax streams with masks that skip key tiles")
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
     pr.loop = loop
     full = pr.full_tile_loop() if pr.full_proved and config.gluon_full_tiles else None
-    scores = {"_score": pre + loop, **({"_score_full": pre + full} if full else {})}
-    scores = {fn: ([to_gluon(line) for line in lines], base) for fn, lines in scores.items()}
+    scores = {"_score": (pre + loop, base), **({"_score_full": (pre + full, base)} if full else {})}
+    # a second stream's own score function where its lines differ (its own batch indices)
+    scores.update({f"_score_{j}": (p + lp, b) for j, (p, lp, (b, _)) in enumerate(others, 1)
+                   if (p + lp, b) != (pre + loop, base)})
+    scores = {fn: ([to_gluon(line) for line in lines], x) for fn, (lines, x) in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
-                     [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [])
+                     [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
-                     gates=tuple((i, axis) for i, axis, _, _ in pr.gates))
+                     gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights))
+
+
+def _stream_lins(pr: _Printer) -> list:
+    """``(suffix, line of its flat batch index)`` per stream, for Q's and K's rows: ``("", "lin")``
+    alone without streams; with two, stream 0's names plain and stream 1's suffixed ``_1``, each
+    stream's index (emit's ``stream_lin``) printed inline."""
+    if pr.r.split is None:
+        return [("", "lin")]
+    lins = []
+    for st in pr.streams:
+        before = len(pr.pre)
+        lin = pr.stream_lin(st)
+        (line,) = pr.pre[before:]
+        del pr.pre[before:]
+        lins.append(("_1" if st else "", f"({line.split(' = ', 1)[1]})"))
+    return lins
 
 
 # The consumer's store of its rows ``out`` (fp32, [64, Dv] in the wgmma layout) into a contiguous
@@ -510,13 +601,75 @@ def attach(plan, region: Region, kinds: dict) -> None:
 PRINTER_FAILED = "printing it failed, a bug in fxflash's Gluon printer"
 
 
+@dataclasses.dataclass(frozen=True)
+class _StreamLines:
+    """SKELETON's text that differs with two softmax streams (differential attention): the two
+    consumers share each item's 64 rows, consumer s runs stream s with its own Q tile and K
+    tiles (K buffer ``2·slot + s``; Q and K rows from the stream's batch index, ``q_row_1``…)
+    and the shared V tile; at the end stream 1 hands its normalized ``O₁`` (fp32) to stream 0 in
+    shared memory (``c_buf``, barriers ``o_bars``: 0 ready, 1 free again), and stream 0 stores
+    ``w₀·O₀ + w₁·O₁``. Without streams the consumers own successive 64-row blocks."""
+
+    count: int
+    work: str = ""           # _work's extra values
+    buffers: str = ""        # the extra shared memory every role is passed
+    row_blocks: str = "CONSUMERS"  # 64-row blocks per item
+    row0: str = "mt * (CONSUMERS * BM) + WG * BM"  # the consumer's first row
+    stream_rows: str = ""    # _work: stream 1's Q rows at the item's row block
+    q_loads: str = ""
+    k_loads: str = ""
+    k_first: str = "t % NBUF"  # the consumer's K buffer of the item's first key tile
+    k_loop: str = "idx"        # … and of key tile j (ring slot ``idx``)
+    alloc: str = ""
+
+    @classmethod
+    def of(cls, count: int, tma_load: str) -> "_StreamLines":
+        if count == 1:
+            return cls(1, q_loads=(f"\n    for c in gl.static_range(CONSUMERS):\n        {tma_load}(q_desc, [q_row + c * BM, "
+                                   "q_col], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + c))"),
+                       k_loads=f"\n        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx))")
+        names = ("", "_1")
+        return cls(
+            2, work=", q_row_1, k_row_1, q_col_1, k_col_1", buffers="c_buf, o_bars, ", row_blocks="1", row0="mt * BM",
+            stream_rows="\n    q_row_1 = q_row_1 + mt * BLOCK_M",
+            q_loads="".join(f"\n    {tma_load}(q_desc, [q_row{x}, q_col{x}], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + {s}))"
+                            for s, x in enumerate(names)),
+            k_loads="".join(f"\n        {tma_load}(k_desc, [k_row{x} + key, k_col{x}], k_ready.index(idx), k_bufs.index(idx * 2 + {s}))"
+                            for s, x in enumerate(names)),
+            k_first="(t % NBUF) * 2 + WG", k_loop="idx * 2 + WG",
+            alloc=("\n    c_buf = gl.allocate_shared_memory(gl.float32, [BM, DV], gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))"
+                   "\n    o_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())"
+                   "\n    mbarrier.init(o_bars.index(0), count=1)\n    mbarrier.init(o_bars.index(1), count=1)"))
+
+    def epilogue(self, store: list, weights: tuple) -> list:
+        """_attend's lines after ``out`` (this consumer's normalized rows): with one stream its
+        weight applied (where not 1) and ``store``; with two, the exchange, the weighted sum and
+        stream 0's ``store``."""
+        if self.count == 1:
+            return ([f"out = out * {weights[0]!r}"] if weights[0] != 1.0 else []) + list(store)
+        w0, w1 = weights
+        total = ("out" if w0 == 1.0 else f"out * {w0!r}") + (f" - other * {-w1!r}" if w1 < 0 else f" + other * {w1!r}")
+        return ["if WG == 1:",
+                "    mbarrier.wait(o_bars.index(1), (it & 1) ^ 1)  # stream 0 has read the previous item's",
+                "    c_buf.store(out)",
+                "    mbarrier.arrive(o_bars.index(0), count=1)",
+                "else:",
+                "    mbarrier.wait(o_bars.index(0), it & 1)",
+                "    other = c_buf.load(o_layout)",
+                "    mbarrier.arrive(o_bars.index(1), count=1)",
+                f"    out = {total}",
+                *("    " + line for line in store)]
+
+
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
-            q_scale=()) -> str:
+            q_scale=(), weights=(1.0,)) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
-    score function name → (lines, returned value); ``store``: the epilogue's lines after
-    ``out`` (_output_store); ``tiles`` and ``gates``: the inputs read by TMA (_GluonPrinter);
-    ``q_scale``: emit's lines that scale the loaded Q tile ``q_in`` (q_tile_scale)."""
+    score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
+    ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
+    inputs read by TMA (_GluonPrinter); ``q_scale``: emit's lines that scale the loaded Q tile
+    ``q_in`` (q_tile_scale); ``weights``: each softmax stream's weight (Softmax.weights)."""
     api = gluon_api()
+    streams = _StreamLines.of(len(weights), api["tma_load"])
     fbs = "".join(f"fb{i}, " for i in range(fb))
     sp = ", ".join(score_params)
     full = "_score_full" in scores
@@ -524,9 +677,10 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     # a work item's values (_work): what the loader and the consumers need of it
     located = [*zip(names, ((sr, batch) for _, sr, batch in tiles)), *(("gate0", (sr, batch)) for _, _, sr, batch in gates)]
     work = (f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
-            + "".join(f", {t}_row, {t}_col" for t, _ in located))
+            + streams.work + "".join(f", {t}_row, {t}_col" for t, _ in located))
     descs = "".join(f"{t}_desc, " for t, _ in located)
     common = (f"q_desc, k_desc, v_desc, {descs}q_bufs, k_bufs, v_bufs, {''.join(f'{t}_bufs, ' for t in names)}ones, "
+              f"{streams.buffers}"
               f"q_ready, q_empty, {'g_ready, q_free, ' if gates else ''}k_ready, v_ready, kv_empty, turns, out_ptr, {work}, "
               f"{', '.join(params)}")
     # each TMA-read input's first row and column in its [R, sr] matrix, as Q's
@@ -551,6 +705,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         of full tiles; the consumer's rows of each TMA-read tile first."""
         reads = "".join(f"{t} = {t}_bufs.index({buf}).slice(WG * BM, BM).load(s_layout)\n{indent}" for t in names)
         call = f"(s, rm, gl.expand_dims({key_tile} * BLOCK_N + cols, 0), {''.join(t + ', ' for t in names)}{fbs}{sp})"
+        if "_score_1" in scores:  # stream 1's own scores (a compile-time branch: WG is constexpr)
+            return f"if WG == 0:\n{indent}    x = _score{call}\n{indent}else:\n{indent}    x = _score_1{call}"
         if not full:
             return f"{reads}x = _score{call}"
         return (f"{reads}if ({key_tile} >= f_lo) & ({key_tile} < f_hi):\n{indent}    x = _score_full{call}\n"
@@ -561,7 +717,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
         params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "t % NBUF", "    "),
-        loop_score=score_call("(lo_t + j)", "idx", "        "), k=repr(k), descs=descs,
+        loop_score=score_call("(lo_t + j)", "idx", "        "), k=repr(k), descs=descs, streams=streams,
         tile_work="".join("\n    " + line for line in tile_work), tile_loads=tile_loads, **gate,
         tile_bytes="".join(f" + {t}_desc.block_type.nbytes" for t in names),
         tile_alloc="".join(f"\n    {t}_bufs = gl.allocate_shared_memory({t}_desc.dtype, [NBUF, BLOCK_M, BLOCK_N], {t}_desc.layout)"
@@ -572,7 +728,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles),
-        store=body("    " + line for line in store), q_scale=_q_scale_lines(q_scale),
+        store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
@@ -691,7 +847,7 @@ def _work(item, {params}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS_P2:
     """Work item ``item`` (a batch index and a block of BLOCK_M rows) → its batch indices, each
     operand's first row and column in its [R, sr] matrix, and its key tiles [lo_t, lo_t + n_t)."""
 {item}
-    q_row = q_row + mt * BLOCK_M{tile_work}
+    q_row = q_row + mt * BLOCK_M{streams.stream_rows}{tile_work}
 {tile_range}
     lo_t = gl.minimum(lo_t, gl.cdiv(N, BLOCK_N) - 1)
     n_t = gl.maximum(hi_t - lo_t, 1)
@@ -707,7 +863,7 @@ def _walk({common}, n_items, STEP: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.
     if q_bufs.type.shape[0] == CONSUMERS:
         STEP({common}, 0, 0, WG, PINGPONG)
     else:
-        BLOCK_M: gl.constexpr = CONSUMERS * q_desc.block_type.shape[0]
+        BLOCK_M: gl.constexpr = {streams.row_blocks} * q_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
         t = 0
         it = 0
@@ -737,15 +893,12 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     qb = it % QB
     if QB > 1:
         mbarrier.wait(q_empty.index(qb), ((it // QB) & 1) ^ 1)
-    mbarrier.expect(q_ready.index(qb), CONSUMERS * q_desc.block_type.nbytes)
-    for c in gl.static_range(CONSUMERS):
-        {tma_load}(q_desc, [q_row + c * BM, q_col], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + c))
+    mbarrier.expect(q_ready.index(qb), CONSUMERS * q_desc.block_type.nbytes){streams.q_loads}
     for j in range(n_t):
         idx = (t + j) % NBUF
         mbarrier.wait(kv_empty.index(idx), (((t + j) // NBUF) & 1) ^ 1)
         key = (lo_t + j) * BLOCK_N
-        mbarrier.expect(k_ready.index(idx), k_desc.block_type.nbytes{tile_bytes})
-        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx)){tile_loads}
+        mbarrier.expect(k_ready.index(idx), {streams.count} * k_desc.block_type.nbytes{tile_bytes}){streams.k_loads}{tile_loads}
         mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
         {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx)){gate_fns}
 
@@ -757,7 +910,7 @@ def _consume_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     spreads such items over the CTAs)."""
     CONSUMERS: gl.constexpr = turns.type.shape[0]
     BM: gl.constexpr = q_desc.block_type.shape[0]
-    if (CONSUMERS > 1) and (q_bufs.type.shape[0] > CONSUMERS):
+    if ({streams.row_blocks} > 1) and (q_bufs.type.shape[0] > CONSUMERS):
         if mt * (CONSUMERS * BM) + WG * BM < M:
             _attend({common}, t, it, WG, PINGPONG)
         else:
@@ -809,7 +962,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     ROW_SUM: gl.constexpr = len(ones.type.shape) == 2  # Σ p as P·1 (the kernel allocated the ones)
     zero_s = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    row0 = mt * (CONSUMERS * BM) + WG * BM
+    row0 = {streams.row0}
     rm = gl.expand_dims(row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout)), 1)
     qb = it % QB
     q = q_bufs.index(qb * CONSUMERS + WG)
@@ -818,7 +971,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
     mbarrier.wait(k_ready.index(t % NBUF), (t // NBUF) & 1)
     _take_turn(turns, t + it, WG, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(t % NBUF).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s = warpgroup_mma(q, k_bufs.index({streams.k_first}).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s, ))
     {first_score}
@@ -839,7 +992,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         _take_turn(turns, t + it + j, WG, PINGPONG)
         if ROW_SUM:  # issued first: it completes with S_(j+1), before the wait below
             l_acc = warpgroup_mma(gl.convert_layout(p_op, lp_layout), ones.permute((1, 0)), l_acc, is_async=True)
-        s_next = warpgroup_mma(q, k_bufs.index(idx).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_next = warpgroup_mma(q, k_bufs.index({streams.k_loop}).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
         if ROW_SUM:
@@ -898,13 +1051,13 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
     D: gl.constexpr = q_desc.block_type.shape[1]
     DV: gl.constexpr = v_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = CONSUMERS * BM
+    BLOCK_M: gl.constexpr = {streams.row_blocks} * BM
     QB: gl.constexpr = 1 + PERSISTENT
     {work} = _work(gl.program_id(0), {params}, BLOCK_M, BLOCK_N, ROWS_P2)
     n_items = {items}
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [QB * CONSUMERS, BM, D], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF, BLOCK_N, D], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, DV], v_desc.layout){tile_alloc}
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF * {streams.count}, BLOCK_N, D], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, DV], v_desc.layout){tile_alloc}{streams.alloc}
     if MMA_ROW_SUM and CTAS == 1:  # gluon.row_sums_by_mma: the ones of P·1, keys along rows like K's
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         ones = gl.allocate_shared_memory(k_desc.dtype, [8, BLOCK_N], k_desc.layout,

@@ -10,8 +10,8 @@ import torch
 import triton
 
 from ..config import config
-from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, GluonPlan, gluon_tile,
-                    register_budget, shared_bytes)
+from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, STREAM_CONFIGS, GluonPlan,
+                    gluon_tile, register_budget, shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
 
@@ -54,6 +54,8 @@ def _rows_total(t: torch.Tensor) -> int:
 def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     """Why this launch cannot use the Gluon configuration ``tile``, or None."""
     t = gluon_tile(tile)
+    if t.streams != gplan.streams:
+        return f"a configuration for {t.streams} softmax stream(s); the region has {gplan.streams}"
     if t.persistent and not gplan.dense:
         return "a persistent grid needs every item to visit every key tile (the region has tile masks)"
     device = inputs[0].device
@@ -86,11 +88,13 @@ GLUON_MIN_KEYS = 2048
 
 def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
     """The Gluon configurations the tuner times for this launch: none with ``config.gluon`` off,
-    persistent ones on rows shorter than GLUON_MIN_KEYS, one CTA per item on longer ones, none
-    that cannot run it."""
+    persistent ones on rows shorter than GLUON_MIN_KEYS, one CTA per item on longer ones (with
+    two streams all of STREAM_CONFIGS: the persistent grid won up to 8k keys), none that cannot
+    run it."""
     if gplan is None or not config.gluon:
         return []
-    configs = GLUON_CONFIGS if frame[-1] >= GLUON_MIN_KEYS else PERSISTENT_CONFIGS
+    configs = (STREAM_CONFIGS if gplan.streams > 1 else GLUON_CONFIGS if frame[-1] >= GLUON_MIN_KEYS
+               else PERSISTENT_CONFIGS)
     tiles = configs[gplan.configs_dim]
     return [tile for tile in tiles if launch_refusal(gplan, inputs, frame, tile) is None]
 
@@ -100,7 +104,7 @@ def _blocks(gplan: GluonPlan, tile) -> tuple:
     each score tile (GluonPlan.tiles): the CTA's rows of one key tile; then of the output gate
     (GluonPlan.gates): one consumer's rows, as Q's."""
     t = gluon_tile(tile)
-    tiles = [[t.consumers * ROWS_PER_CONSUMER, t.block_n]] * len(gplan.tiles)
+    tiles = [[t.rows, t.block_n]] * len(gplan.tiles)
     gates = [[ROWS_PER_CONSUMER, gplan.d]] * len(gplan.gates)
     return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates
 
@@ -164,9 +168,8 @@ def rebased(desc, tensor: torch.Tensor):
 def constexprs(tile) -> dict:
     """The kernel's compile-time arguments (its last ones) for configuration ``tile``."""
     t = gluon_tile(tile)
-    rows = t.consumers * ROWS_PER_CONSUMER
     return dict(CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=register_budget(t.consumers, t.ctas)[1],
-                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(rows), PERSISTENT=t.persistent,
+                PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(t.rows), PERSISTENT=t.persistent,
                 CTAS=t.ctas)
 
 
@@ -176,13 +179,14 @@ def _multiprocessors(index) -> int:
 
 
 def grid(tile, frame, device=None) -> tuple:
-    """One CTA per work item (batch indices, block of CONSUMERS·64 rows); on a persistent grid
+    """One CTA per work item (batch indices, block of CONSUMERS·64 rows, or 64 with two streams);
+    on a persistent grid
     at most ``ctas`` CTAs per multiprocessor of ``device``, each walking items pid, pid + grid, …
     Where the last row block leaves a consumer without rows (its items are lighter), the grid
     and the number of row blocks are coprime, so that each CTA's items cycle through the row
     blocks and every CTA gets its share of light items."""
     t = gluon_tile(tile)
-    rows = t.consumers * ROWS_PER_CONSUMER
+    rows = t.rows
     blocks = triton.cdiv(frame[-2], rows)
     items = blocks * math.prod(frame[:-2])
     if not t.persistent:
