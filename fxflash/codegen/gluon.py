@@ -889,7 +889,7 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     QB: gl.constexpr = q_bufs.type.shape[0] // CONSUMERS
     BM: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    NBUF: gl.constexpr = k_bufs.type.shape[0]
+    NBUF: gl.constexpr = v_bufs.type.shape[0]
     qb = it % QB
     if QB > 1:
         mbarrier.wait(q_empty.index(qb), ((it // QB) & 1) ^ 1)
@@ -924,7 +924,7 @@ def _pass({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """A consumer without rows in the item: waits for each of its buffers to be loaded (so that
     no release runs ahead of a load), releases it and takes its ping-pong turns."""
     QB: gl.constexpr = q_bufs.type.shape[0] // turns.type.shape[0]
-    NBUF: gl.constexpr = k_bufs.type.shape[0]
+    NBUF: gl.constexpr = v_bufs.type.shape[0]
     qb = it % QB
     mbarrier.wait(q_ready.index(qb), (it // QB) & 1)
     mbarrier.arrive({pass_release}.index(qb), count=1)
@@ -950,7 +950,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[0]
     DV: gl.constexpr = v_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    NBUF: gl.constexpr = k_bufs.type.shape[0]
+    NBUF: gl.constexpr = v_bufs.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
