@@ -45,9 +45,18 @@ every score is -inf gives 0·(1/0) = NaN, as eager's ``exp(-inf − (−inf))`` 
 region's output ops (a gate, a transpose) are emit's printer's lines on the consumer's rows
 and columns, stored at the output's strides.
 
+Differential attention's two softmax streams (``Region.split``: ``w₀·softmax(x₀)·V +
+w₁·softmax(x₁)·V``, each ``wₛ`` a Python number, as ``1`` and ``−λ``) get one consumer warp group
+each over the same 64 rows (``STREAM_CONFIGS``, ``_StreamLines``): stream s's Q and K tiles from
+its own heads, the V tile read once for both, and at the end stream 1 hands its normalized
+output to stream 0 in shared memory; one warp group per stream keeps one [64, Dv] accumulator
+each, so Dv = 256 fits where the ``tl`` kernel splits it between two programs that each
+recompute both streams' scores (benchmarks/NOTES.md, twenty-third and twenty-fourth sessions).
+
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
-softmax, no streams, no further contractions, no row ops after ``O / l``; bf16 or fp16 Q, K,
-V with head dims ``D`` (Q, K) and ``Dv`` (V) ∈ {64, 128}, read as stored: a scale on K only by
+softmax or two such streams, no further contractions, no row ops after ``O / l``; bf16 or fp16
+Q, K, V with head dims ``D`` (Q, K) and ``Dv`` (V) ∈ {64, 128} (Dv also 256 with two streams),
+no tile masks with two streams, read as stored: a scale on K only by
 positive powers of two, which the scores carry exactly, as Q's (``score_scale``); any other scale on Q applied to each
 consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a
 launch can use it (TMA reads each operand as a
@@ -117,7 +126,8 @@ PERSISTENT_CONFIGS = {
 # within 3 %, one CTA per item at 16k; with Dv = 256 only 64-key tiles and two buffers, one CTA
 # per item, fit shared memory (both streams' K tiles, V's, and stream 1's fp32 output).
 STREAM_DV_DIMS = (64, 128, 256)
-_STREAM_WIDE_TILES = (("gluon", 2, 128, 2, 0, 1, 1, 2), ("gluon", 2, 128, 2, 1, 1, 1, 2), ("gluon", 2, 128, 2, 0, 1, 0, 2))
+_STREAM_WIDE_TILES = (("gluon", 2, 128, 2, 0, 1, 1, 2), ("gluon", 2, 128, 2, 1, 1, 1, 2),
+                      ("gluon", 2, 128, 2, 0, 1, 0, 2))
 STREAM_CONFIGS = {64: _STREAM_WIDE_TILES,
                   128: _STREAM_WIDE_TILES + (("gluon", 2, 64, 2, 0, 1, 1, 2),),  # 64-key tiles fit D = Dv = 128
                   256: (("gluon", 2, 64, 2, 0, 1, 0, 2), ("gluon", 2, 64, 2, 1, 1, 0, 2))}
@@ -213,6 +223,7 @@ class Softmax:
 
 
 NOT_EXP_OF_SHIFT = "its sum is not over exp/exp2 of the scores minus their maximum"
+NOT_SOFTMAX_TIMES_V = "the value multiplied into V is not exp(scores − max) / sum"
 
 
 def softmax_of(r: Region) -> Softmax | str:
@@ -239,7 +250,7 @@ def softmax_of(r: Region) -> Softmax | str:
         factors = [(f.op, f.row) for f in form.factors]
         if (weight is None or form.scale is not mx.node or factors != [("div", sm.node)]
                 or r.passthrough.get(p) is not e):
-            return "the value multiplied into V is not exp(scores − max) / sum" + (" times a number" if streams > 1 else "")
+            return NOT_SOFTMAX_TIMES_V + (" times a number" if streams > 1 else "")
         weights.append(sign * weight)
         ps.add(p)
         walked |= through
@@ -425,7 +436,6 @@ class GluonPlan:
         which sizes the accumulator (Dv) or the Q and K tiles (D) as those configurations were
         sized for."""
         return max(self.d, self.dv)
-        return (GLUON_CONFIGS if keys >= GLUON_MIN_KEYS else PERSISTENT_CONFIGS)[self.configs_dim]
 
 
 INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
@@ -463,7 +473,8 @@ class _GluonPrinter(_Printer):
         16-bit, traced with contiguous keys and rows apart (not a row broadcast by ``expand``);
         launch_refusal checks each launch's layout (TMA: the rows 16-byte aligned)."""
         val = node.meta["val"]
-        return (config.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
+        return (config.gluon_tma_tiles and self.r.split is None
+                and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
                 and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
                 and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
@@ -474,7 +485,8 @@ class _GluonPrinter(_Printer):
         every other a batch index or broadcast, Q's dtype, traced with a contiguous head dim)?"""
         val = node.meta["val"]
         rows = [a for a, e in enumerate(idx) if e == ROW]
-        return (config.gluon_tma_tiles and self.r.split is None and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
+        return (config.gluon_tma_tiles and self.r.split is None
+                and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
                 and self.r.D == self.r.Dv  # the Q buffers it arrives in are [64, D]
                 and len(rows) == 1 and all(e in (None, ROW) or re.fullmatch(r"fb\d+", e) for e in idx[:-1])
                 and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
@@ -554,7 +566,7 @@ def _stream_lins(pr: _Printer) -> list:
     lins = []
     for st in pr.streams:
         before = len(pr.pre)
-        lin = pr.stream_lin(st)
+        pr.stream_lin(st)
         (line,) = pr.pre[before:]
         del pr.pre[before:]
         lins.append(("_1" if st else "", f"({line.split(' = ', 1)[1]})"))
@@ -632,12 +644,13 @@ class _StreamLines:
         return cls(
             2, work=", q_row_1, k_row_1, q_col_1, k_col_1", buffers="c_buf, o_bars, ", row_blocks="1", row0="mt * BM",
             stream_rows="\n    q_row_1 = q_row_1 + mt * BLOCK_M",
-            q_loads="".join(f"\n    {tma_load}(q_desc, [q_row{x}, q_col{x}], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + {s}))"
-                            for s, x in enumerate(names)),
-            k_loads="".join(f"\n        {tma_load}(k_desc, [k_row{x} + key, k_col{x}], k_ready.index(idx), k_bufs.index(idx * 2 + {s}))"
-                            for s, x in enumerate(names)),
+            q_loads="".join(f"\n    {tma_load}(q_desc, [q_row{x}, q_col{x}], q_ready.index(qb), "
+                            f"q_bufs.index(qb * CONSUMERS + {s}))" for s, x in enumerate(names)),
+            k_loads="".join(f"\n        {tma_load}(k_desc, [k_row{x} + key, k_col{x}], k_ready.index(idx), "
+                            f"k_bufs.index(idx * 2 + {s}))" for s, x in enumerate(names)),
             k_first="(t % NBUF) * 2 + WG", k_loop="idx * 2 + WG",
-            alloc=("\n    c_buf = gl.allocate_shared_memory(gl.float32, [BM, DV], gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))"
+            alloc=("\n    c_buf = gl.allocate_shared_memory(gl.float32, [BM, DV], "
+                   "gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))"
                    "\n    o_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())"
                    "\n    mbarrier.init(o_bars.index(0), count=1)\n    mbarrier.init(o_bars.index(1), count=1)"))
 
@@ -1043,7 +1056,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
            CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr,
            CTAS: gl.constexpr):
-    """One CTA per work item (a batch index and a block of 64·CONSUMERS rows), or with
+    """One CTA per work item (a batch index and a block of 64·CONSUMERS rows; 64 with streams), or with
     PERSISTENT fewer CTAs that walk the items (Q in two buffers: the next item's loads under this
     one's epilogue); a loader warp and CONSUMERS warp groups. ROWS_P2: 64·CONSUMERS rounded up
     to a power of two."""
