@@ -35,19 +35,32 @@ from fxflash.codegen import tuning  # noqa: E402
 FIELDS = "setting,variant,B,H,S,D,a_ms,b_ms,b_over_a,device,torch,triton".split(",")
 
 
-def compiled_with(fn, args, settings: list, value: bool):
-    """An optimized callable compiled (and autotuned) with each ``config.<setting> = value``."""
+@contextlib.contextmanager
+def settings_set(settings: list, value: bool):
+    """Each ``config.<setting> = value`` inside the block, restored after it."""
     old = {s: getattr(fxflash.config, s) for s in settings}
     for s in settings:
         setattr(fxflash.config, s, value)
     try:
-        fast = fxflash.optimize(fn)
-        fast(*args)
-        torch.cuda.synchronize()
+        yield
     finally:
         for s, v in old.items():
             setattr(fxflash.config, s, v)
-    return fast
+
+
+def compiled_with(fn, args, settings: list, value: bool):
+    """An optimized callable with each ``config.<setting> = value`` while it compiles, tunes and
+    runs: settings read at each launch (``gluon``: which kernels the tuner may pick; a bound
+    launch is keyed on it) must hold in the timed calls too, not only at the first."""
+    fast = fxflash.optimize(fn)
+
+    def call(*inputs):
+        with settings_set(settings, value):
+            return fast(*inputs)
+
+    call(*args)
+    torch.cuda.synchronize()
+    return call
 
 
 def main() -> None:
