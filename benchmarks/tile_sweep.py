@@ -12,7 +12,8 @@ For profiling a variant whose fused kernel is slower than expected: prints, for 
 hotter one runs at a lower clock), and the median of its CUDA-graph replays
 (``do_bench_cudagraph``: no host time between launches; a large gap between the two says the
 call is host-bound), then what fxflash's tuner chose (timed afresh: the tuning cache is not
-read). ``--gluon`` adds the Gluon configurations (Hopper), ``--gluon-only`` times only those.
+read). ``--gluon`` adds the Gluon configurations (Hopper; two-stream ones for differential
+attention), ``--gluon-only`` times only those.
 Each configuration's output is checked against the tuner's pick (its largest difference
 relative to the output's largest value). Softmax-suite variants (vanilla … document_mask) take
 the suite's shapes: bf16, 16 query heads (2 KV heads with ``--gqa``), head dim 64, batch ×
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash.codegen import emit, tuning  # noqa: E402
-from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS  # noqa: E402
+from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import SUITES, beyond_cases, case, medians, settled_ms  # noqa: E402
@@ -84,7 +85,7 @@ def main():
     configs = [] if opts.gluon_only else emit.tile_configs(fields["D"], fields["Dv"], 2) + EXTRA_CONFIGS
     if opts.gluon or opts.gluon_only:
         configs += [*GLUON_CONFIGS.get(fields["D"], ()), *PERSISTENT_CONFIGS.get(fields["D"], ()),
-                    *GLUON_EXTRA.get(fields["D"], ())]
+                    *GLUON_EXTRA.get(fields["D"], ()), *STREAM_CONFIGS.get(max(fields["D"], fields["Dv"]), ())]
     for tile in configs:
         name = f"{tuning.describe(tile):<72}"
         try:
