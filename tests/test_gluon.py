@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxflash
-from fxflash.codegen import tuning
+from fxflash.codegen import gluon_launch, tuning
 from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, STREAM_CONFIGS, emit_gluon,
                                    gluon_tile, register_budget, row_sums_by_mma, shared_bytes, to_gluon)
-from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates
+from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
 from fxflash.variants import VARIANTS, Shape
@@ -79,12 +79,16 @@ def test_two_softmax_streams_get_one_consumer_each(lam, combined):
     plan = emit_gluon(region, kinds)
     assert (plan.streams, plan.d, plan.dv) == (2, 64, 128)
     src = plan.source
-    assert src.count("tma.") and "k_bufs.index(idx * 2 + 1)" in src and "[k_row_1 + key, k_col_1]" in src
+    assert "k_bufs.index(idx * 2 + 1)" in src and "[k_row_1 + key, k_col_1]" in src
     assert "q_bufs.index(qb * CONSUMERS + 1)" in src and "k_bufs.index(idx * 2 + WG)" in src
     assert "c_buf.store(out)" in src and combined in src
     assert "((fb0) * FB1 + fb1) * 2 + 1" in src  # stream 1's batch index: head 2h + 1
-    tiles = candidates(plan, list(args), [2, 4, 40, 48])
-    assert tiles == [] and all(gluon_tile(t).streams == 2 for t in STREAM_CONFIGS[128])  # no GPU here
+    assert "NBUF: gl.constexpr = v_bufs.type.shape[0]" in src  # K's buffers: one per stream and slot
+    frame = [2, 4, 200, 256]
+    assert "softmax stream" in launch_refusal(plan, list(args), frame, GLUON_CONFIGS[64][0])
+    two = STREAM_CONFIGS[128][2]  # one CTA per item: 64 rows of both streams
+    assert gluon_launch.grid(two, frame) == (2 * 4 * 4,)                       # 4 blocks of 64 rows
+    assert gluon_launch.grid(("gluon", 2, 128, 2, 0, 1), frame) == (2 * 4 * 2,)  # without streams: 128
 
 
 @needs_gluon
@@ -165,7 +169,6 @@ def test_v_may_have_a_head_dim_other_than_q_and_k(d, dv):
     D = 64, Dv = 128): V's TMA block and buffers are Dv wide and so is the accumulator
     (``DV`` from V's descriptor); the configurations are those of the wider head dim, whose
     accumulator or Q and K tiles they were sized for, and its shared memory counts V at Dv."""
-    from fxflash.codegen import gluon_launch
 
     variant = VARIANTS["vanilla"]
     shape = Shape(B=2, H=4, Hkv=2, M=40, N=256, D=d, Dv=dv)
@@ -360,7 +363,6 @@ def test_gluon_configurations_are_offered_on_hopper_only():
 def test_the_tuner_times_one_cta_per_item_on_long_rows_and_persistent_grids_on_short_ones(monkeypatch):
     """One-CTA-per-item configurations are offered from GLUON_MIN_KEYS keys up, persistent ones
     below (a Hopper launch stubbed), none with ``config.gluon`` off."""
-    from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
     args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
@@ -379,7 +381,6 @@ def test_a_persistent_grid_serves_regions_without_tile_masks(monkeypatch):
     each CTA's walk would follow its own items' ranges, and the loader warp cannot classify
     tiles); its grid is at most ``ctas`` CTAs per multiprocessor, coprime with the row blocks
     where the last one leaves a consumer idle."""
-    from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
     tile = ("gluon", 1, 128, 2, 0, 2, 1)
@@ -443,7 +444,6 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
     """Q, K and V as [rows, D] matrices with a consumer's rows (Q) or a key tile (K, V) per TMA
     block; a remembered launch's descriptors pointed at new inputs of the same layout are the
     descriptors those inputs get."""
-    from fxflash.codegen import gluon_launch
     from fxflash.codegen.op import _REGISTRY
 
     args = VARIANTS["gqa_expand"].inputs(SHAPE, torch.bfloat16)

@@ -636,10 +636,12 @@ class _StreamLines:
 
     @classmethod
     def of(cls, count: int, tma_load: str) -> "_StreamLines":
+        """The text for ``count`` streams (1 or 2), with this Triton's TMA load (gluon_api)."""
         if count == 1:
-            return cls(1, q_loads=(f"\n    for c in gl.static_range(CONSUMERS):\n        {tma_load}(q_desc, [q_row + c * BM, "
-                                   "q_col], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + c))"),
-                       k_loads=f"\n        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), k_bufs.index(idx))")
+            return cls(1, q_loads=(f"\n    for c in gl.static_range(CONSUMERS):\n        {tma_load}(q_desc, "
+                                   "[q_row + c * BM, q_col], q_ready.index(qb), q_bufs.index(qb * CONSUMERS + c))"),
+                       k_loads=(f"\n        {tma_load}(k_desc, [k_row + key, k_col], k_ready.index(idx), "
+                                "k_bufs.index(idx))"))
         names = ("", "_1")
         return cls(
             2, work=", q_row_1, k_row_1, q_col_1, k_col_1", buffers="c_buf, o_bars, ", row_blocks="1", row0="mt * BM",
@@ -661,7 +663,8 @@ class _StreamLines:
         if self.count == 1:
             return ([f"out = out * {weights[0]!r}"] if weights[0] != 1.0 else []) + list(store)
         w0, w1 = weights
-        total = ("out" if w0 == 1.0 else f"out * {w0!r}") + (f" - other * {-w1!r}" if w1 < 0 else f" + other * {w1!r}")
+        total = (("out" if w0 == 1.0 else f"out * {w0!r}")
+                 + (f" - other * {-w1!r}" if w1 < 0 else f" + other * {w1!r}"))
         return ["if WG == 1:",
                 "    mbarrier.wait(o_bars.index(1), (it & 1) ^ 1)  # stream 0 has read the previous item's",
                 "    c_buf.store(out)",
