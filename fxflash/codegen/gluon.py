@@ -630,6 +630,8 @@ class _StreamLines:
     stream_rows: str = ""    # _work: stream 1's Q rows at the item's row block
     q_loads: str = ""
     k_loads: str = ""
+    k_slots: str = "NBUF"      # K buffers: one per ring slot and stream
+    k_bytes: str = "k_desc.block_type.nbytes"  # what a ring slot's K tiles bring
     k_first: str = "t % NBUF"  # the consumer's K buffer of the item's first key tile
     k_loop: str = "idx"        # … and of key tile j (ring slot ``idx``)
     alloc: str = ""
@@ -650,7 +652,8 @@ class _StreamLines:
                             f"q_bufs.index(qb * CONSUMERS + {s}))" for s, x in enumerate(names)),
             k_loads="".join(f"\n        {tma_load}(k_desc, [k_row{x} + key, k_col{x}], k_ready.index(idx), "
                             f"k_bufs.index(idx * 2 + {s}))" for s, x in enumerate(names)),
-            k_first="(t % NBUF) * 2 + WG", k_loop="idx * 2 + WG",
+            k_slots="NBUF * 2", k_bytes="2 * k_desc.block_type.nbytes", k_first="(t % NBUF) * 2 + WG",
+            k_loop="idx * 2 + WG",
             alloc=("\n    c_buf = gl.allocate_shared_memory(gl.float32, [BM, DV], "
                    "gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))"
                    "\n    o_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())"
@@ -914,7 +917,7 @@ def _load_item({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         idx = (t + j) % NBUF
         mbarrier.wait(kv_empty.index(idx), (((t + j) // NBUF) & 1) ^ 1)
         key = (lo_t + j) * BLOCK_N
-        mbarrier.expect(k_ready.index(idx), {streams.count} * k_desc.block_type.nbytes{tile_bytes}){streams.k_loads}{tile_loads}
+        mbarrier.expect(k_ready.index(idx), {streams.k_bytes}{tile_bytes}){streams.k_loads}{tile_loads}
         mbarrier.expect(v_ready.index(idx), v_desc.block_type.nbytes)
         {tma_load}(v_desc, [v_row + key, v_col], v_ready.index(idx), v_bufs.index(idx)){gate_fns}
 
@@ -1072,7 +1075,7 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
     {work} = _work(gl.program_id(0), {params}, BLOCK_M, BLOCK_N, ROWS_P2)
     n_items = {items}
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [QB * CONSUMERS, BM, D], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NBUF * {streams.count}, BLOCK_N, D], k_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [{streams.k_slots}, BLOCK_N, D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NBUF, BLOCK_N, DV], v_desc.layout){tile_alloc}{streams.alloc}
     if MMA_ROW_SUM and CTAS == 1:  # gluon.row_sums_by_mma: the ones of P·1, keys along rows like K's
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
