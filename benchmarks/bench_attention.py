@@ -16,9 +16,9 @@ before it (the inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` 
 Rows append to ``benchmarks/results/<gpu-name>.csv`` (one row per variant, config, system).
 
 The ``beyond`` suite times the programs no template expresses against eager and
-torch.compile: differential attention (``diff_attention``, and ``diff_transformer`` with λ
-from parameters and the per-head RMSNorm; bf16; 32 heads of dim 64 in 16 pairs with V of width
-128, and 16 heads of dim 128 in 8 pairs with V of width 256; seqlen 512 to 16k at batch ×
+torch.compile: differential attention (``diff_attention``, and by ``--variants`` its causal
+form ``diff_attention_causal`` and ``diff_transformer`` with λ from parameters and the per-head
+RMSNorm; bf16; 32 heads of dim 64 in 16 pairs with V of width 128, and 16 heads of dim 128 in 8 pairs with V of width 256; seqlen 512 to 16k at batch ×
 seqlen = 16k), the Evoformer's gated row attention (batch 1, 8, 32; N_seq = S = 256; 4 heads;
 head dim 64 and 128; ``B`` in the CSV is batch × N_seq), sigmoid and ReLU attention (the
 softmax suite's shapes). Their TFLOP/s count the eager program's matrix products:
@@ -318,7 +318,7 @@ def beyond_cases(name: str, seqlens, device, dtype, tokens=16384):
     def rnd(*shape, scale=1.0):
         return (scale * torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
 
-    if name in ("diff_attention", "diff_transformer", "diff_attention_chunked"):
+    if name in ("diff_attention", "diff_attention_causal", "diff_transformer", "diff_attention_chunked"):
         for heads, d in ((32, 64), (16, 128)):
             for S in seqlens:
                 B, H = max(1, tokens // S), heads // 2

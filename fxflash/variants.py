@@ -199,6 +199,17 @@ def diff_attention(q, k, v, lambda_full=0.5):
     return attn @ v
 
 
+def diff_attention_causal(q, k, v, lambda_full=0.5):
+    """Differential attention in a decoder (the Diff Transformer's language models): both
+    streams' scores under the causal mask aligned to the last query, as ``causal`` builds it."""
+    b, h2, m, n = q.size(0), q.size(1), q.size(-2), k.size(-2)
+    keep = torch.ones(m, n, dtype=torch.bool, device=q.device).tril(n - m)
+    s = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5
+    attn = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1)
+    attn = attn.view(b, h2 // 2, 2, m, n)
+    return (attn[:, :, 0] - lambda_full * attn[:, :, 1]) @ v
+
+
 def diff_transformer(q, k, v, lambda_q1, lambda_k1, lambda_q2, lambda_k2, subln_weight,
                      lambda_init=0.8, eps=1e-5):
     """The Diff Transformer's attention after its projections, as its code writes it: λ from
@@ -455,6 +466,7 @@ VARIANTS = {
         Variant("key_lengths", key_lengths, _with_lengths),
         Variant("additive_mask", additive_mask, _with_bias),
         Variant("diff_attention", diff_attention, _diff),
+        Variant("diff_attention_causal", diff_attention_causal, _diff),
         Variant("diff_transformer", diff_transformer, _diff_transformer),
         Variant("diff_attention_chunked", diff_attention_chunked, _diff_chunked, chains=2),
         Variant("evoformer_row", evoformer_row, _evoformer, square=True),

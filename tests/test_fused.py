@@ -20,7 +20,7 @@ SOFTMAX_FAMILY = [
     "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
 ]
 BEYOND_TEMPLATE = [
-    "diff_attention", "diff_transformer", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",
+    "diff_attention", "diff_attention_causal", "diff_transformer", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",
     "softmax_one", "retention_norm", "invariant_point_attention",
 ]
 FUSED_VARIANTS = SOFTMAX_FAMILY + BEYOND_TEMPLATE

@@ -92,6 +92,21 @@ def test_two_softmax_streams_get_one_consumer_each(lam, combined):
 
 
 @needs_gluon
+def test_causal_streams_share_one_tile_range():
+    """Causal differential attention: the key tiles past the CTA's rows are skipped for both
+    streams (one tile range per item, from the masks' interval tests), so only one-CTA-per-item
+    configurations run it; each stream evaluates the mask in its own score function."""
+    variant = VARIANTS["diff_attention_causal"]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=4, M=200, N=256, D=64, Dv=64), torch.bfloat16)
+    plan = emit_gluon(*region_and_kinds(variant.fn, *args))
+    assert plan.streams == 2 and not plan.dense and "_score_full" not in plan.source
+    assert "def _score_1(" in plan.source and plan.source.count("float('-inf')") >= 2
+    assert "live = (t < n_tiles)" in plan.source
+    assert "every item to visit every key tile" in launch_refusal(plan, list(args), [2, 4, 200, 256],
+                                                                  STREAM_CONFIGS[128][0])
+
+
+@needs_gluon
 def test_a_stream_weight_that_is_a_tensor_is_named():
     """λ as a 0-d tensor (the Diff Transformer computes it from parameters): the Gluon kernel
     weighs the streams by numbers only, so the region keeps its Triton kernel and says why."""
@@ -214,6 +229,7 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("diff_attention", "bfloat16", 64, (2, 128, 2, 0, 1, 1, 2), "0"),   # two streams, V 128 wide
     ("diff_attention", "float16", 64, (2, 128, 2, 1, 1, 0, 2), "0"),
     ("diff_attention", "bfloat16", 128, (2, 64, 2, 0, 1, 0, 2), "0"),   # V 256 wide
+    ("diff_attention_causal", "bfloat16", 64, (2, 128, 2, 0, 1, 0, 2), "0"),  # streams, tiles skipped
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,

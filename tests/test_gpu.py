@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxflash
-from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS
+from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS, gluon_tile
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 from test_fused import FUSED_VARIANTS
@@ -308,19 +308,23 @@ def test_gluon_kernel_with_v_head_dim_other_than_qk_on_gpu(name, dims, tile):
     assert_accurate(variant.fn, args, _pinned_call(fxflash.optimize(variant.fn), args, tile))
 
 
-# Differential attention's two-stream configurations: head dim 64 (V 128 wide) and 128 (V 256).
-STREAM_CASES = [(d, tile) for d, key in ((64, 128), (128, 256)) for tile in STREAM_CONFIGS[key]]
+# Differential attention's two-stream configurations: head dim 64 (V 128 wide) and 128 (V 256);
+# the causal form (tiles past the diagonal skipped) on those with one CTA per item.
+STREAM_CASES = [(name, d, tile) for name in ("diff_attention", "diff_attention_causal")
+                for d, key in ((64, 128), (128, 256)) for tile in STREAM_CONFIGS[key]
+                if name == "diff_attention" or not gluon_tile(tile).persistent]
 
 
 @needs_hopper
-@pytest.mark.parametrize("d,tile", STREAM_CASES, ids=lambda x: x if isinstance(x, int) else "x".join(map(str, x[1:])))
+@pytest.mark.parametrize("name,d,tile", STREAM_CASES,
+                         ids=lambda x: x if isinstance(x, (int, str)) else "x".join(map(str, x[1:])))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_two_stream_gluon_kernel_on_gpu(d, tile, dtype):
+def test_two_stream_gluon_kernel_on_gpu(name, d, tile, dtype):
     """The generated two-stream kernel (one consumer warp group per softmax stream) keeps eager's
     accuracy on every configuration, in three calls: 288 items (4 batches × 8 head pairs × 9 row
     blocks, the last partly past M) outnumber the SMs, so persistent grids reuse the Q buffers,
     the K/V ring and the buffer in which stream 1 hands its output to stream 0."""
-    variant = VARIANTS["diff_attention"]
+    variant = VARIANTS[name]
     args = variant.inputs(Shape(B=4, H=8, Hkv=8, M=520, N=512, D=d, Dv=d), dtype, "cuda")
     (region,) = fxflash.explain(variant.fn, *args).regions
     assert region.fused and "c_buf.store(out)" in region.gluon_source, region.steps

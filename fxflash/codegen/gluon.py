@@ -538,15 +538,17 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = [to_gluon(line) for line in pr.tile_range()]
-    if others and pr.skips_tiles:
-        raise Unprintable("two softmax streams with masks that skip key tiles")
+    if others and any(re.search(r"\bsb\d+_\d+\b", line) for line in tile_range):
+        raise Unprintable("two softmax streams with masks whose key tiles depend on the stream's heads")
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
+    # (not with streams: each stream's score lines are its own)
     pr.loop = loop
-    full = pr.full_tile_loop() if pr.full_proved and config.gluon_full_tiles else None
+    full = pr.full_tile_loop() if pr.full_proved and config.gluon_full_tiles and not others else None
     scores = {"_score": (pre + loop, base), **({"_score_full": (pre + full, base)} if full else {})}
-    # a second stream's own score function where its lines differ (its own batch indices)
-    scores.update({f"_score_{j}": (p + lp, b) for j, (p, lp, (b, _)) in enumerate(others, 1)
+    # a second stream's own score function where its lines differ (its own batch indices), after
+    # stream 0's, whose values it may share (a mask the printer computed once; the rest is dead code)
+    scores.update({f"_score_{j}": (pre + loop + p + lp, b) for j, (p, lp, (b, _)) in enumerate(others, 1)
                    if (p + lp, b) != (pre + loop, base)})
     scores = {fn: ([to_gluon(line) for line in lines], x) for fn, (lines, x) in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
