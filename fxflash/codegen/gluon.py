@@ -56,7 +56,7 @@ recompute both streams' scores (benchmarks/NOTES.md, twenty-third and twenty-fou
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax or two such streams, no further contractions, no row ops after ``O / l``; bf16 or fp16
 Q, K, V with head dims ``D`` (Q, K) and ``Dv`` (V) ∈ {64, 128} (Dv also 256 with two streams),
-no tile masks with two streams, read as stored: a scale on K only by
+with two streams tile masks whose key tiles do not depend on the stream, read as stored: a scale on K only by
 positive powers of two, which the scores carry exactly, as Q's (``score_scale``); any other scale on Q applied to each
 consumer's Q tile in shared memory, rounded as eager rounds it (``q_tile_scale``). Whether a
 launch can use it (TMA reads each operand as a
