@@ -175,8 +175,11 @@ def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = N
 def row_sums_by_mma(tile) -> bool:
     """Does configuration ``tile`` sum each row's ``p`` as ``P·1`` on the tensor cores
     (config.gluon_mma_row_sum)? Not where two CTAs share an SM: their buffers leave no room for
-    the ones. The kernel applies the same rule (``ROW_SUM`` in ``_attend``)."""
-    return config.gluon_mma_row_sum and gluon_tile(tile).ctas == 1
+    the ones. Not with two softmax streams: there it was 1–5 % slower than adding them up
+    (benchmarks/NOTES.md, twenty-fourth session). The kernel applies the same rule (``ROW_SUM``
+    in ``_attend``; ``MMA_ROW_SUM`` printed off in a two-stream module)."""
+    t = gluon_tile(tile)
+    return config.gluon_mma_row_sum and t.ctas == 1 and t.streams == 1
 
 
 LOADER_REGS = 24  # registers per thread of the loader's warp group
@@ -747,7 +750,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles),
         store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
