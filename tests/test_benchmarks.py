@@ -206,3 +206,21 @@ def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
     assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant, tma, d)) != _gluon_source(variant, tma, d)
     compiled = compile_for_hopper(variant, "bfloat16", d, tile, edit, FXFLASH_GLUON_TMA_TILES=str(int(tma)))
     assert f"compiled {variant} edited by {edit}" in compiled, compiled
+
+
+def test_ab_setting_holds_each_side_s_settings_in_its_calls(monkeypatch):
+    """ab_setting's sides A and B each run with their settings in every call, not only at the
+    first (``config.gluon`` is read at each launch: both sides once timed the same kernel); the
+    process's settings are left as they were."""
+    import ab_setting
+
+    import fxflash
+
+    seen = []
+    monkeypatch.setattr(ab_setting.fxflash, "optimize", lambda fn: (lambda *args: seen.append(fxflash.config.gluon)))
+    monkeypatch.setattr(ab_setting.torch.cuda, "synchronize", lambda: None)
+    before = fxflash.config.gluon
+    a = ab_setting.compiled_with(None, (), ["gluon"], False)
+    b = ab_setting.compiled_with(None, (), ["gluon"], True)
+    a(), b(), a()
+    assert seen == [False, True, False, True, False] and fxflash.config.gluon == before
