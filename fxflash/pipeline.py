@@ -44,7 +44,8 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
             gluon_line = f"Gluon kernel (Hopper): none, {plan.gluon_refusal}"
         elif plan.gluon.streams > 1:
             gluon_line = ("Gluon kernel (Hopper): printed, one consumer warp group per softmax stream; the tuner "
-                          "times it beside the Triton kernel")
+                          "times it beside the Triton kernel"
+                          + ("" if plan.gluon.dense else ", one CTA per item (its masks skip tiles)"))
         else:
             gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel, one CTA "
                           f"per item on rows of at least {GLUON_MIN_KEYS} keys"

@@ -102,6 +102,9 @@ def test_causal_streams_share_one_tile_range():
     assert plan.streams == 2 and not plan.dense and "_score_full" not in plan.source
     assert "def _score_1(" in plan.source and plan.source.count("float('-inf')") >= 2
     assert "live = (t < n_tiles)" in plan.source
+    steps = fxflash.explain(variant.fn, *args).regions[0].steps
+    assert steps[-1].endswith("one consumer warp group per softmax stream; the tuner times it beside the Triton "
+                              "kernel, one CTA per item (its masks skip tiles)"), steps[-1]
     assert "every item to visit every key tile" in launch_refusal(plan, list(args), [2, 4, 200, 256],
                                                                   STREAM_CONFIGS[128][0])
 
