@@ -110,6 +110,18 @@ def test_causal_streams_share_one_tile_range():
 
 
 @needs_gluon
+def test_one_softmax_times_a_number_keeps_its_triton_kernel():
+    """A single softmax stream weighted by a number other than 1 is refused (only differential
+    attention's weighted streams were run through the Gluon kernel on a GPU)."""
+    def half_softmax(q, k, v):
+        return (torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1) * 0.5) @ v
+
+    region = fxflash.explain(half_softmax, *VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)).regions[0]
+    assert region.fused and not region.gluon_source
+    assert region.steps[-1].endswith("not exp(scores − max) / sum"), region.steps[-1]
+
+
+@needs_gluon
 def test_a_stream_weight_that_is_a_tensor_is_named():
     """λ as a 0-d tensor (the Diff Transformer computes it from parameters): the Gluon kernel
     weighs the streams by numbers only, so the region keeps its Triton kernel and says why."""

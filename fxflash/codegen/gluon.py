@@ -252,7 +252,7 @@ def softmax_of(r: Region) -> Softmax | str:
         weight, p, through = _stream_weight(r, p)
         factors = [(f.op, f.row) for f in form.factors]
         if (weight is None or form.scale is not mx.node or factors != [("div", sm.node)]
-                or r.passthrough.get(p) is not e):
+                or r.passthrough.get(p) is not e or (streams == 1 and sign * weight != 1)):
             return NOT_SOFTMAX_TIMES_V + (" times a number" if streams > 1 else "")
         weights.append(sign * weight)
         ps.add(p)
@@ -665,11 +665,10 @@ class _StreamLines:
                    "\n    mbarrier.init(o_bars.index(0), count=1)\n    mbarrier.init(o_bars.index(1), count=1)"))
 
     def epilogue(self, store: list, weights: tuple) -> list:
-        """_attend's lines after ``out`` (this consumer's normalized rows): with one stream its
-        weight applied (where not 1) and ``store``; with two, the exchange, the weighted sum and
-        stream 0's ``store``."""
+        """_attend's lines after ``out`` (this consumer's normalized rows): with one stream (weight
+        1: softmax_of) ``store``; with two, the exchange, the weighted sum and stream 0's ``store``."""
         if self.count == 1:
-            return ([f"out = out * {weights[0]!r}"] if weights[0] != 1.0 else []) + list(store)
+            return list(store)
         w0, w1 = weights
         total = (("out" if w0 == 1.0 else f"out * {w0!r}")
                  + (f" - other * {-w1!r}" if w1 < 0 else f" + other * {w1!r}"))
