@@ -296,6 +296,18 @@ def no_release_fence(src: str) -> str:
     return src
 
 
+OUTPUT_STORE = re.compile(r"^( +)gl\.store\(out_ptr(.*), mask=(.*)\)\n", re.M)
+TMA_STORE_BRANCH = "if row0 + BM <= M:"
+
+
+def no_store(src: str) -> str:
+    """An upper bound: the epilogue's store predicated off at run time (``M < 0``), its values
+    and addresses still computed, and where the rows go by TMA (gluon._tma_store_lines) that
+    branch never taken (changes the result): what writing O costs."""
+    m = _must(OUTPUT_STORE.search(src), "the epilogue's gl.store")
+    src = src[:m.start()] + f"{m.group(1)}gl.store(out_ptr{m.group(2)}, mask=({m.group(3)}) & (M < 0))\n" + src[m.end():]
+    return src.replace(TMA_STORE_BRANCH, "if (row0 + BM <= M) & (M < 0):")
+
 def without(names: str):
     """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""
     def edit(src: str) -> str:
@@ -309,7 +321,7 @@ def without(names: str):
 
 EDITS = {f.__name__: f for f in (hoist_key_linear, bias_ahead, bias_ahead_tile, bias_async, gate_early, gate_first,
                                   gate_prefetch, q_scale_on_scores, magic_int_to_float, no_tile_loads, chunked_items,
-                                  bias_order, resident_tiles, no_release_fence)}
+                                  bias_order, resident_tiles, no_release_fence, no_store)}
 
 
 def edit_named(name: str):

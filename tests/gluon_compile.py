@@ -52,9 +52,9 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
         return f"tensordesc<{TYPES[dtype]}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
     runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n, plan.dv), "out_ptr": f"*{TYPES[dtype]}"}
-    first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate
-    runtime.update({name: desc(64) if name.startswith("gate") else desc(64 * consumers, block_n)
-                    for name in kernel.arg_names[3:first - 1]})
+    first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate, the output
+    blocks = {"gate": lambda: desc(64), "out": lambda: desc(64, plan.dv), "tile": lambda: desc(64 * consumers, block_n)}
+    runtime.update({name: blocks[re.match(r"[a-z]+", name).group(0)]() for name in kernel.arg_names[3:first - 1]})
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()

@@ -145,6 +145,7 @@ class _Printer:
         self.idx_bound = {ROW: (1, 0), COL: (1, 0), DVC: (0, MAX_HEAD_DIM)}
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
+        self.output_index = self.output_value = None  # store_through_output_ops's
         self.prefetch_epilogue = config.prefetch_epilogue  # load the epilogue's inputs before the loop
         self.skips_tiles = False
         self.unclassified: list = []  # KernelPlan.unclassified
@@ -791,6 +792,8 @@ class _Printer:
             for axis, name in enumerate(names))
         for axis in range(len(names)):
             self.param(f"out_s{axis}", ("out_stride", axis))
+        self.output_index = tuple(names)  # the stored tile's axes as index names, and its value:
+        self.output_value = self.vars[r.output].code  # what gluon's TMA store writes
         self.post.append(f"tl.store(out_ptr + {offset}, {self.vars[r.output].code}.to(out_ptr.dtype.element_ty), "
                          f"mask=({ROW} < M) & ({DVC} < DV))")
 

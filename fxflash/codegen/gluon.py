@@ -83,7 +83,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import COL, DVC, ROW, Value, _Printer, _scaled, compute_dtype
+from .emit import COL, DVC, ROW, Value, _memory_order, _Printer, _scaled, compute_dtype
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -200,14 +200,15 @@ def register_budget(consumers: int, ctas: int = 1) -> tuple[int, int]:
 def gluon_api() -> dict | None:
     """The names this Triton's Gluon gives the calls the kernel makes, or None without Gluon's
     Hopper API (Triton < 3.6). ``tma_load``: ``async_copy_global_to_shared`` (3.6) was removed in
-    favour of ``async_load`` (3.9)."""
+    favour of ``async_load`` (3.9), ``tma_store``: ``async_copy_shared_to_global`` of ``async_store``."""
     try:
         importlib.import_module("triton.experimental.gluon.nvidia.hopper")  # TensorDescriptor
         from triton.experimental.gluon.language.nvidia.hopper import tma
     except ImportError:
         return None
     load = "async_load" if hasattr(tma, "async_load") else "async_copy_global_to_shared"
-    return {"tma_load": f"tma.{load}"}
+    store = "async_store" if hasattr(tma, "async_store") else "async_copy_shared_to_global"
+    return {"tma_load": f"tma.{load}", "tma_store": f"tma.{store}"}
 
 
 # -- which regions qualify -----------------------------------------------------------------
@@ -421,6 +422,7 @@ class GluonPlan:
     dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
     tiles: tuple = ()    # input indices of the score's [rows, keys] tiles read by TMA (_GluonPrinter)
     gates: tuple = ()    # (input index, row axis) of an output gate read by TMA into the Q buffers
+    store: int | None = None  # the output's row axis where the consumers store their rows by TMA
     streams: int = 1     # softmax streams, each its own consumer (STREAM_CONFIGS)
 
     def reindexed(self, nodes: list) -> "GluonPlan":
@@ -496,6 +498,25 @@ class _GluonPrinter(_Printer):
                 and val.stride(-1) == 1 and val.stride(rows[0]) > 0)
 
 
+    def tma_store(self) -> tuple | None:
+        """``(row axis, its stride's parameter, batch offset, value)`` of the output when each
+        consumer stores its finished rows by TMA through its Q buffer (config.gluon_tma_store), or
+        None: where an output gate arrives in that buffer (``self.gates``, so it is the
+        consumer's until the epilogue's end; the gate needs D = Dv, so the buffer holds the rows),
+        the stored tile's axes (after the output ops' transposes) are the batch indices, one row
+        axis and the head dim, in Q's dtype, and the head dim is innermost in the output's layout
+        (launch.empty_results allocates it densely in eager's order, so every other axis is then
+        whole rows apart or inside one row, as TMA reads a [R, sr] matrix)."""
+        index, val = self.output_index, self.r.output.meta["val"]
+        if not (config.gluon_tma_store and self.gates and index and index.count(ROW) == 1 and index[-1] == DVC
+                and all(e == ROW or re.fullmatch(r"fb\d+", e) for e in index[:-1])
+                and val.dtype == self.r.q.node.meta["val"].dtype and _memory_order(val)[-1] == len(index) - 1):
+            return None
+        axis = index.index(ROW)
+        batch = " + ".join(f"{e}.to(gl.int64) * out_s{a}" for a, e in enumerate(index) if e.startswith("fb")) or "0"
+        return axis, f"out_s{axis}", batch, to_gluon(self.output_value)
+
+
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
     """Print the Gluon kernel of ``region`` (``refusal(region)`` must be None), reusing emit's
     printer for the score DAG and the tile range. Raises Unprintable for an op without a
@@ -538,6 +559,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
         raise Unprintable("the streams' scores carry different scales")
     k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
     store = [to_gluon(line) for line in _output_store(pr)]
+    out_tma = pr.tma_store()
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = [to_gluon(line) for line in pr.tile_range()]
@@ -556,10 +578,12 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     scores = {fn: ([to_gluon(line) for line in lines], x) for fn, (lines, x) in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
-                     [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights)
+                     [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights,
+                     out_tma)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
-                     gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights))
+                     gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights),
+                     store=out_tma[0] if out_tma else None)
 
 
 def _stream_lins(pr: _Printer) -> list:
@@ -685,12 +709,13 @@ class _StreamLines:
 
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
-            q_scale=(), weights=(1.0,)) -> str:
+            q_scale=(), weights=(1.0,), out_tma=None) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
     ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
     inputs read by TMA (_GluonPrinter); ``q_scale``: emit's lines that scale the loaded Q tile
-    ``q_in`` (q_tile_scale); ``weights``: each softmax stream's weight (Softmax.weights)."""
+    ``q_in`` (q_tile_scale); ``weights``: each softmax stream's weight (Softmax.weights);
+    ``out_tma``: the output stored by TMA (_GluonPrinter.tma_store)."""
     api = gluon_api()
     streams = _StreamLines.of(len(weights), api["tma_load"])
     fbs = "".join(f"fb{i}, " for i in range(fb))
@@ -698,7 +723,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     full = "_score_full" in scores
     names = [f"tile{j}" for j in range(len(tiles))]
     # a work item's values (_work): what the loader and the consumers need of it
-    located = [*zip(names, ((sr, batch) for _, sr, batch in tiles)), *(("gate0", (sr, batch)) for _, _, sr, batch in gates)]
+    located = [*zip(names, ((sr, batch) for _, sr, batch in tiles)), *(("gate0", (sr, batch)) for _, _, sr, batch in gates),
+               *([("out", out_tma[1:3])] if out_tma else [])]
     work = (f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
             + streams.work + "".join(f", {t}_row, {t}_col" for t, _ in located))
     descs = "".join(f"{t}_desc, " for t, _ in located)
@@ -712,7 +738,9 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         f"{t}_col = ({t}_off % {sr}).to(gl.int32)")]
     tile_loads = "".join(f"\n        {api['tma_load']}({t}_desc, [{t}_row, {t}_col + key], k_ready.index(idx), {t}_bufs.index(idx))"
                          for t in names)
-    gate = _gate_lines(gates, api["tma_load"], common)
+    gate = _gate_lines(gates, api["tma_load"], common, out_tma is not None)
+    if out_tma:
+        store = _tma_store_lines(store, out_tma[3], api["tma_store"])
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
@@ -756,6 +784,27 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
 
 
+def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
+    """The epilogue's ``store`` (its last line the per-element store of ``value``) for an output
+    stored by TMA (_GluonPrinter.tma_store): a whole block of the consumer's rows is written into
+    its Q buffer, whose gate it has read, and copied out; the buffer goes back to the loader once
+    the copy has read it (after a proxy fence: the gate's loads and these writes were the generic
+    proxy's). A block that runs past M (an item's last rows) is stored per element as before:
+    TMA would write the next item's rows of the output's [R, sr] matrix."""
+    *lines, per_element = store
+    return [*lines,
+            "if row0 + BM <= M:  # the rows by TMA through the Q buffer (_tma_store_lines)",
+            "    o_buf = q_bufs.index(qb * CONSUMERS + WG)",
+            f"    o_buf.store(({value}).to(out_desc.dtype))",
+            "    fence_async_shared()",
+            f"    {tma_store}(out_desc, [out_row + WG * BM, out_col], o_buf)",
+            "    tma.store_wait(0)",
+            "else:",
+            f"    {per_element}",
+            "if QB > 1:",
+            "    _release(q_empty.index(qb), True)"]
+
+
 # The layout in which a consumer's 4 warps read and rewrite their [64, D] Q tile: 16 bytes a thread.
 Q_TILE_LAYOUT = "gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])"
 
@@ -770,13 +819,14 @@ def _q_scale_lines(scale: list) -> str:
                                                    "q.store(q_in)", "fence_async_shared()"])
 
 
-def _gate_lines(gates, tma_load: str, common: str) -> dict:
+def _gate_lines(gates, tma_load: str, common: str, kept_for_store: bool = False) -> dict:
     """SKELETON's placeholders for an output gate read by TMA (``gates``: at most one): a second
     loader warp (``_gate_loader``) walks the CTA's items and puts each item's gate rows into its
     Q buffers once every consumer's last ``Q·Kᵀ`` of it has completed (``q_free``); the epilogue
     waits for them (``g_ready``) and then releases the buffers (``q_empty``). The K/V loader never
     waits for them (as its one warp, measured 7 % slower: benchmarks/NOTES.md). Without a gate
-    the Q buffers are released at the last ``Q·Kᵀ``."""
+    the Q buffers are released at the last ``Q·Kᵀ``; with ``kept_for_store`` the epilogue keeps them
+    for the output's TMA store (_tma_store_lines releases them)."""
     if not gates:
         return dict(gate_fns="", extra_worker="", extra_warps="", extra_regs="", pass_release="q_empty", pass_end="",
                     gate_read="", gate_alloc="", attend_release="    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), "
@@ -803,7 +853,7 @@ def _gate_lines(gates, tma_load: str, common: str) -> dict:
         attend_release="    mbarrier.arrive(q_free.index(qb), count=1)  # every Q·Kᵀ of this item has completed: the gate may come",
         gate_read=("\n    mbarrier.wait(g_ready.index(qb), (it // QB) & 1)"
                    "\n    gate0 = q_bufs.index(qb * CONSUMERS + WG).load(o_layout)"
-                   "\n    if QB > 1:\n        _release(q_empty.index(qb), True)"),
+                   + ("" if kept_for_store else "\n    if QB > 1:\n        _release(q_empty.index(qb), True)")),
         gate_alloc=("\n    g_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    q_free = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    for i in gl.static_range(QB):"

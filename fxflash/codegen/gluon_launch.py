@@ -102,11 +102,13 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
 def _blocks(gplan: GluonPlan, tile) -> tuple:
     """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V; then of
     each score tile (GluonPlan.tiles): the CTA's rows of one key tile; then of the output gate
-    (GluonPlan.gates): one consumer's rows, as Q's."""
+    (GluonPlan.gates) and of the output stored by TMA (GluonPlan.store): one consumer's rows, as
+    Q's."""
     t = gluon_tile(tile)
     tiles = [[t.rows, t.block_n]] * len(gplan.tiles)
     gates = [[ROWS_PER_CONSUMER, gplan.d]] * len(gplan.gates)
-    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates
+    store = [[ROWS_PER_CONSUMER, gplan.dv]] * (gplan.store is not None)
+    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates, *store
 
 
 def tma_inputs(gplan: GluonPlan) -> tuple:
@@ -115,34 +117,34 @@ def tma_inputs(gplan: GluonPlan) -> tuple:
     return (*gplan.operands, *gplan.tiles, *(i for i, _ in gplan.gates))
 
 
-def _tma_reads(gplan: GluonPlan, inputs: list) -> list:
-    """What each TMA descriptor reads, in the kernel's order (tma_inputs), as (a ``[*batch, rows,
-    cols]`` view, cols, and how a refusal names the input and its last axis): Q, K and V, the
-    score's [rows, keys] tiles, the output gate with its row axis moved next to its last. Each
-    view starts at its input's first element, so a descriptor can be rebased on the input."""
+def _tma_reads(gplan: GluonPlan, inputs: list, out: torch.Tensor | None = None) -> list:
+    """What each TMA descriptor reads (or writes), in the kernel's order (tma_inputs, then the
+    output), as (a ``[*batch, rows, cols]`` view, cols, and how a refusal names the tensor and its
+    last axis): Q, K and V, the score's [rows, keys] tiles, the output gate with its row axis moved
+    next to its last, and ``out`` so where the kernel stores it by TMA (GluonPlan.store). Each view
+    starts at its tensor's first element, so a descriptor can be rebased on the tensor."""
     return [*((inputs[i], d, "an operand", "head dim") for i, d in zip(gplan.operands, (gplan.d, gplan.d, gplan.dv))),
             *((inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis") for i in gplan.tiles),
-            *((inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim") for i, axis in gplan.gates)]
+            *((inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim") for i, axis in gplan.gates),
+            *([(out.movedim(gplan.store, -2), gplan.dv, "the output", "head dim")] if gplan.store is not None else [])]
 
 
-def shared_layouts(gplan: GluonPlan, tile, inputs: list) -> tuple:
-    """The shared-memory layouts of the TMA blocks (~12 µs of host time each to build;
-    launch.BoundGluonLaunch builds them, with its descriptors, once)."""
+def descriptors(gplan: GluonPlan, tile, inputs: list, out: torch.Tensor | None = None) -> tuple:
+    """The TMA descriptors of Q, K, V, the score's tiles, the gate and the output stored by TMA
+    for configuration ``tile`` (the kernel's first arguments), each tensor as its ``[R, sr]``
+    matrix (_rows_view_refusal), with its block's shared-memory layout (~12 µs of host time each
+    to build; launch.BoundGluonLaunch builds them once)."""
     from triton.experimental.gluon import language as gl
-
-    dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    return tuple(gl.NVMMASharedLayout.get_default_for(block, dtypes[inputs[i].dtype])
-                 for i, block in zip(tma_inputs(gplan), _blocks(gplan, tile)))
-
-
-def descriptors(gplan: GluonPlan, tile, inputs: list) -> tuple:
-    """The TMA descriptors of Q, K, V, the score's tiles and the gate for configuration ``tile``
-    (the kernel's first arguments), each input read as its ``[R, sr]`` matrix (_rows_view_refusal)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layouts = shared_layouts(gplan, tile, inputs)
+    dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    reads = _tma_reads(gplan, inputs, out)
+    why = _rows_view_refusal(*reads[-1]) if gplan.store is not None else None
+    if why:  # the allocated output breaks gluon._GluonPrinter.tma_store's rule
+        raise RuntimeError(f"fxflash: bug: the Gluon kernel would store {why} by TMA")
     descs = []
-    for (t, *_), block, layout in zip(_tma_reads(gplan, inputs), _blocks(gplan, tile), layouts):
+    for (t, *_), block in zip(reads, _blocks(gplan, tile)):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtypes[t.dtype])
         rows = t.as_strided((_rows_total(t), t.stride(-2)), (t.stride(-2), 1))
         descs.append(TensorDescriptor.from_tensor(rows, block, layout))
     return tuple(descs)
@@ -204,5 +206,5 @@ def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tenso
     kernel (launch.BoundGluonLaunch calls it directly)."""
     t = gluon_tile(tile)
     maxnreg, _ = register_budget(t.consumers, t.ctas)
-    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs), out, *args, **constexprs(tile),
+    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs, out), out, *args, **constexprs(tile),
                                                   num_warps=4, maxnreg=maxnreg)

@@ -200,16 +200,17 @@ class BoundGluonLaunch:
         self.slots = [(j, spec) for j, spec in enumerate(plan.gluon.args) if spec[0] in TENSOR_KINDS]
 
     @classmethod
-    def of(cls, launcher, tile, frame, views, inputs, compiled) -> BoundGluonLaunch | None:
+    def of(cls, launcher, tile, frame, views, inputs, out, compiled) -> BoundGluonLaunch | None:
         """The launch just made, or None where Triton's objects do not have the expected form."""
         names = getattr(launcher.gluon_kernel, "arg_names", None)
         consts = gluon_launch.constexprs(tile)
         gplan = launcher.plan.gluon
-        runtime = 1 + len(gluon_launch.tma_inputs(gplan)) + len(gplan.args)  # the TMA descriptors, out_ptr, plan.args
+        runtime = (1 + len(gluon_launch.tma_inputs(gplan)) + (gplan.store is not None)  # the TMA descriptors,
+                   + len(gplan.args))                                                    # out_ptr, plan.args
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
-        descs = gluon_launch.descriptors(launcher.plan.gluon, tile, inputs)
+        descs = gluon_launch.descriptors(launcher.plan.gluon, tile, inputs, out)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
                    tuple(gluon_launch.rebased(d, None) for d in descs))
 
@@ -221,7 +222,8 @@ class BoundGluonLaunch:
                 self.template = [None if spec[0] in TENSOR_KINDS else a for a, spec in zip(args, gplan.args)]
         else:
             args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, ()))
-        descs = [gluon_launch.rebased(desc, inputs[i]) for desc, i in zip(self.descs, gluon_launch.tma_inputs(gplan))]
+        tensors = [inputs[i] for i in gluon_launch.tma_inputs(gplan)] + [out] * (gplan.store is not None)
+        descs = [gluon_launch.rebased(desc, t) for desc, t in zip(self.descs, tensors)]
         self.runner(*descs, out, *args, *self.tail)
 
 
@@ -312,7 +314,7 @@ class Launcher:
                 with _launching():
                     launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                                    num_stages=stages), grid, args)
-            bound = self.bound_for(tile, launched[tile], inputs, frame) if key is not None else None
+            bound = self.bound_for(tile, launched[tile], inputs, out, frame) if key is not None else None
             if bound is not None:
                 timed[tile] = bound
 
@@ -320,20 +322,20 @@ class Launcher:
         run(tile)
         if key is None or torch.cuda.is_current_stream_capturing():
             return
-        bound = self.bound_for(tile, launched[tile], inputs, frame, views)
+        bound = self.bound_for(tile, launched[tile], inputs, out, frame, views)
         if bound is not None:
             if len(self.bound) >= self.CAPACITY:
                 self.bound.clear()
             self.bound[key] = bound
 
-    def bound_for(self, tile, launched, inputs, frame, views=None) -> BoundLaunch | BoundGluonLaunch | None:
+    def bound_for(self, tile, launched, inputs, out, frame, views=None) -> BoundLaunch | BoundGluonLaunch | None:
         """The launch of ``tile`` just made (``launched``: what the Triton or Gluon JIT launch
         returned) as a bound launch, or None. Bound launches of the tiles the tuner times are
         what it times after each tile's first launch: a layout's later calls run bound, and the
         JIT's host time (~0.3 ms for a Gluon launch) would otherwise outlast a short kernel and
         be timed with it. With ``views``, the bound launch reads the inputs before them."""
         if is_gluon_tile(tile):
-            return (BoundGluonLaunch.of(self, tile, frame, views, inputs, launched)
+            return (BoundGluonLaunch.of(self, tile, frame, views, inputs, out, launched)
                     if config.bind_gluon_launches else None)
         return self.bind(*launched, {**block_dims_of(self.plan), "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
 
