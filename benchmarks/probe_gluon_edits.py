@@ -297,16 +297,17 @@ def no_release_fence(src: str) -> str:
 
 
 OUTPUT_STORE = re.compile(r"^( +)gl\.store\(out_ptr(.*), mask=(.*)\)\n", re.M)
-TMA_STORE_BRANCH = "if row0 + BM <= M:"
+TMA_STORE_SWITCH = "O_TMA: gl.constexpr = len(o_bufs.type.shape) == 3"
 
 
 def no_store(src: str) -> str:
     """An upper bound: the epilogue's store predicated off at run time (``M < 0``), its values
-    and addresses still computed, and where the rows go by TMA (gluon._tma_store_lines) that
-    branch never taken (changes the result): what writing O costs."""
+    and addresses still computed, and where the rows would go by TMA (gluon._tma_store_lines)
+    the per-element path taken instead (changes the result): what writing O costs."""
     m = _must(OUTPUT_STORE.search(src), "the epilogue's gl.store")
     src = src[:m.start()] + f"{m.group(1)}gl.store(out_ptr{m.group(2)}, mask=({m.group(3)}) & (M < 0))\n" + src[m.end():]
-    return src.replace(TMA_STORE_BRANCH, "if (row0 + BM <= M) & (M < 0):")
+    return src.replace(TMA_STORE_SWITCH, "O_TMA: gl.constexpr = False")
+
 
 def without(names: str):
     """An upper bound: the loads ``names`` (comma-separated) replaced by 0.0 (changes the result)."""

@@ -5,7 +5,7 @@ process without TRITON_INTERPRET, which cannot run or compile Gluon):
         [CTAS_PER_SM [PERSISTENT [STREAMS]]]
 
 Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
-each row's ``p``, and from this Triton's ptxas (``-v``) its spills: a proxy
+each row's ``p``, how it stores the output (by TMA where the region can: gluon_launch.stores_by_tma), and from this Triton's ptxas (``-v``) its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas). The
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
 ``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py);
@@ -60,16 +60,19 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
     tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams)
     maxnreg, regs = register_budget(consumers, ctas)
-    constexprs = gluon_launch.constexprs(tile)  # the kernel's last arguments, in order (BoundGluonLaunch)
+    # the kernel's last arguments, in order (BoundGluonLaunch); the output by TMA where the region can
+    constexprs = gluon_launch.constexprs(tile, plan.store is not None)
     assert list(kernel.arg_names[-len(constexprs):]) == list(constexprs), kernel.arg_names
     ones, attrs = jit_specializations(plan, kernel.arg_names[first:], tuple(region.frame.meta["val"].shape), first)
     signature = {n: "constexpr" if n in ones or n in constexprs else runtime[n] for n in kernel.arg_names}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs={**constexprs, **ones}, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
+    stores = "by TMA" if "cp.async.bulk.tensor.2d.global.shared" in compiled.asm["ptx"] else "per element"
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
           f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles), plan.dv)}), {regs} registers per consumer thread; row sums "
-          f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; {spills(compiled.asm['ptx'])}")
+          f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; output stored {stores}; "
+          f"{spills(compiled.asm['ptx'])}")
 
 
 def jit_specializations(plan, arg_names, frame, first) -> tuple[dict, dict]:

@@ -729,7 +729,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
             + streams.work + "".join(f", {t}_row, {t}_col" for t, _ in located))
     descs = "".join(f"{t}_desc, " for t, _ in located)
     common = (f"q_desc, k_desc, v_desc, {descs}q_bufs, k_bufs, v_bufs, {''.join(f'{t}_bufs, ' for t in names)}ones, "
-              f"{streams.buffers}"
+              f"{streams.buffers}{'o_bufs, ' if out_tma else ''}"
               f"q_ready, q_empty, {'g_ready, q_free, ' if gates else ''}k_ready, v_ready, kv_empty, turns, out_ptr, {work}, "
               f"{', '.join(params)}")
     # each TMA-read input's first row and column in its [R, sr] matrix, as Q's
@@ -778,7 +778,9 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
-        tile_loads_read=bool(tiles),
+        tile_loads_read=bool(tiles), store_alloc=(
+            "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
+            "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),
         store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
         normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
                    else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
@@ -786,23 +788,26 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
 
 def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
     """The epilogue's ``store`` (its last line the per-element store of ``value``) for an output
-    stored by TMA (_GluonPrinter.tma_store): a whole block of the consumer's rows is written into
-    its Q buffer, whose gate it has read, and copied out; the buffer goes back to the loader once
-    the copy has read it (after a proxy fence: the gate's loads and these writes were the generic
-    proxy's). A block that runs past M (an item's last rows) is stored per element as before:
-    TMA would write the next item's rows of the output's [R, sr] matrix."""
+    that may be stored by TMA (_GluonPrinter.tma_store). Where the launch's M is a multiple of the
+    CTA's rows (``O_TMA``, a compile-time constant: ``o_bufs`` are then the Q buffers; a run-time
+    test per item cost the whole gain, benchmarks/NOTES.md), every consumer's rows are whole and
+    the item's own: they are written into the consumer's Q buffer, whose gate it has read, and
+    copied out by TMA, and the buffer goes back to the loader once the copy has read it (the
+    fence before the copy ordered the gate's loads and these writes, the generic proxy's, before
+    TMA's). Otherwise they are stored per element (TMA would write past M into the next item's
+    rows of the output's [R, sr] matrix) and the buffer was released after the gate's read."""
     *lines, per_element = store
     return [*lines,
-            "if row0 + BM <= M:  # the rows by TMA through the Q buffer (_tma_store_lines)",
-            "    o_buf = q_bufs.index(qb * CONSUMERS + WG)",
+            "if O_TMA:  # the rows by TMA through the Q buffer (_tma_store_lines)",
+            "    o_buf = o_bufs.index(qb * CONSUMERS + WG)",
             f"    o_buf.store(({value}).to(out_desc.dtype))",
             "    fence_async_shared()",
             f"    {tma_store}(out_desc, [out_row + WG * BM, out_col], o_buf)",
             "    tma.store_wait(0)",
+            "    if QB > 1:",
+            "        mbarrier.arrive(q_empty.index(qb), count=1)",
             "else:",
-            f"    {per_element}",
-            "if QB > 1:",
-            "    _release(q_empty.index(qb), True)"]
+            f"    {per_element}"]
 
 
 # The layout in which a consumer's 4 warps read and rewrite their [64, D] Q tile: 16 bytes a thread.
@@ -853,7 +858,9 @@ def _gate_lines(gates, tma_load: str, common: str, kept_for_store: bool = False)
         attend_release="    mbarrier.arrive(q_free.index(qb), count=1)  # every Q·Kᵀ of this item has completed: the gate may come",
         gate_read=("\n    mbarrier.wait(g_ready.index(qb), (it // QB) & 1)"
                    "\n    gate0 = q_bufs.index(qb * CONSUMERS + WG).load(o_layout)"
-                   + ("" if kept_for_store else "\n    if QB > 1:\n        _release(q_empty.index(qb), True)")),
+                   + ("\n    O_TMA: gl.constexpr = len(o_bufs.type.shape) == 3  # the rows leave by TMA (_tma_store_lines)"
+                      "\n    if not O_TMA:\n        if QB > 1:\n            _release(q_empty.index(qb), True)"
+                      if kept_for_store else "\n    if QB > 1:\n        _release(q_empty.index(qb), True)")),
         gate_alloc=("\n    g_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    q_free = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    for i in gl.static_range(QB):"
@@ -1115,11 +1122,12 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
            CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr,
-           CTAS: gl.constexpr):
+           CTAS: gl.constexpr, TMA_STORE: gl.constexpr):
     """One CTA per work item (a batch index and a block of 64·CONSUMERS rows; 64 with streams), or with
     PERSISTENT fewer CTAs that walk the items (Q in two buffers: the next item's loads under this
     one's epilogue); a loader warp and CONSUMERS warp groups. ROWS_P2: 64·CONSUMERS rounded up
-    to a power of two."""
+    to a power of two. TMA_STORE: the output's rows are stored by TMA (a region that can, at a
+    launch whose M is a multiple of the CTA's rows: gluon_launch.stores_by_tma)."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     DV: gl.constexpr = v_desc.block_type.shape[1]
@@ -1150,7 +1158,7 @@ def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.const
         for i in gl.static_range(QB):
             mbarrier.init(q_empty.index(i), count=CONSUMERS)
     else:
-        q_empty = q_ready  # never waited on with one Q buffer{gate_alloc}
+        q_empty = q_ready  # never waited on with one Q buffer{gate_alloc}{store_alloc}
     for i in gl.static_range(NBUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)

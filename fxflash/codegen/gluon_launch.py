@@ -121,12 +121,12 @@ def _tma_reads(gplan: GluonPlan, inputs: list, out: torch.Tensor | None = None) 
     """What each TMA descriptor reads (or writes), in the kernel's order (tma_inputs, then the
     output), as (a ``[*batch, rows, cols]`` view, cols, and how a refusal names the tensor and its
     last axis): Q, K and V, the score's [rows, keys] tiles, the output gate with its row axis moved
-    next to its last, and ``out`` so where the kernel stores it by TMA (GluonPlan.store). Each view
+    next to its last, and ``out`` if given (where the kernel stores it by TMA: GluonPlan.store). Each view
     starts at its tensor's first element, so a descriptor can be rebased on the tensor."""
     return [*((inputs[i], d, "an operand", "head dim") for i, d in zip(gplan.operands, (gplan.d, gplan.d, gplan.dv))),
             *((inputs[i], inputs[i].shape[-1], "a [rows, keys] score input", "key axis") for i in gplan.tiles),
             *((inputs[i].movedim(axis, -2), gplan.d, "an output gate", "head dim") for i, axis in gplan.gates),
-            *([(out.movedim(gplan.store, -2), gplan.dv, "the output", "head dim")] if gplan.store is not None else [])]
+            *([(out.movedim(gplan.store, -2), gplan.dv, "the output", "head dim")] if out is not None else [])]
 
 
 def descriptors(gplan: GluonPlan, tile, inputs: list, out: torch.Tensor | None = None) -> tuple:
@@ -138,7 +138,7 @@ def descriptors(gplan: GluonPlan, tile, inputs: list, out: torch.Tensor | None =
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    reads = _tma_reads(gplan, inputs, out)
+    reads = _tma_reads(gplan, inputs, out if gplan.store is not None else None)
     why = _rows_view_refusal(*reads[-1]) if gplan.store is not None else None
     if why:  # the allocated output breaks gluon._GluonPrinter.tma_store's rule
         raise RuntimeError(f"fxflash: bug: the Gluon kernel would store {why} by TMA")
@@ -167,12 +167,20 @@ def rebased(desc, tensor: torch.Tensor):
     return new
 
 
-def constexprs(tile) -> dict:
-    """The kernel's compile-time arguments (its last ones) for configuration ``tile``."""
+def constexprs(tile, tma_store: bool = False) -> dict:
+    """The kernel's compile-time arguments (its last ones) for configuration ``tile``; ``tma_store``:
+    the output's rows are stored by TMA (stores_by_tma)."""
     t = gluon_tile(tile)
     return dict(CONSUMERS=t.consumers, NBUF=t.nbuf, CONSUMER_REGS=register_budget(t.consumers, t.ctas)[1],
                 PINGPONG=bool(t.pingpong), ROWS_P2=triton.next_power_of_2(t.rows), PERSISTENT=t.persistent,
-                CTAS=t.ctas)
+                CTAS=t.ctas, TMA_STORE=tma_store)
+
+
+def stores_by_tma(gplan: GluonPlan, tile, frame) -> bool:
+    """Does the kernel store the output's rows by TMA at this launch: where the region can
+    (GluonPlan.store) and M is a multiple of the CTA's rows, so that every consumer's block of
+    rows is whole and its item's (gluon._tma_store_lines)."""
+    return gplan.store is not None and frame[-2] % gluon_tile(tile).rows == 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,5 +214,6 @@ def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tenso
     kernel (launch.BoundGluonLaunch calls it directly)."""
     t = gluon_tile(tile)
     maxnreg, _ = register_budget(t.consumers, t.ctas)
-    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs, out), out, *args, **constexprs(tile),
+    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs, out), out, *args,
+                                                  **constexprs(tile, stores_by_tma(gplan, tile, frame)),
                                                   num_warps=4, maxnreg=maxnreg)

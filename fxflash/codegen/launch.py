@@ -203,8 +203,8 @@ class BoundGluonLaunch:
     def of(cls, launcher, tile, frame, views, inputs, out, compiled) -> BoundGluonLaunch | None:
         """The launch just made, or None where Triton's objects do not have the expected form."""
         names = getattr(launcher.gluon_kernel, "arg_names", None)
-        consts = gluon_launch.constexprs(tile)
         gplan = launcher.plan.gluon
+        consts = gluon_launch.constexprs(tile, gluon_launch.stores_by_tma(gplan, tile, frame))
         runtime = (1 + len(gluon_launch.tma_inputs(gplan)) + (gplan.store is not None)  # the TMA descriptors,
                    + len(gplan.args))                                                    # out_ptr, plan.args
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
