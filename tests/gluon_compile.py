@@ -2,7 +2,7 @@
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
     python tests/gluon_compile.py [--edit NAME] [--dv DV] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
-        [CTAS_PER_SM [PERSISTENT [STREAMS]]]
+        [CTAS_PER_SM [PERSISTENT [STREAMS [CONSUMER_ROWS]]]]
 
 Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
 each row's ``p``, how it stores the output (by TMA where the region can: gluon_launch.stores_by_tma), and from this Triton's ptxas (``-v``) its spills: a proxy
@@ -10,7 +10,7 @@ for register pressure that needs no GPU (the GPU machine's Triton may bundle ano
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
 ``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py);
 ``--dv DV`` gives V a head dim other than Q's and K's D (differential attention's V is 2·DV wide);
-STREAMS 2 compiles a two-stream region's configuration."""
+STREAMS 2 compiles a two-stream region's configuration, CONSUMER_ROWS 128 one whose consumers own 128 rows each."""
 import os
 import re
 import subprocess
@@ -31,7 +31,8 @@ from helpers import TRITON_TYPES as TYPES, region_and_kinds
 
 
 
-def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, streams=1, edit=None, dv=None):
+def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, streams=1, consumer_rows=64, edit=None,
+         dv=None):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     dv = dv or d
@@ -51,14 +52,15 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
         block = [rows, cols]
         return f"tensordesc<{TYPES[dtype]}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
-    runtime = {"q_desc": desc(64), "k_desc": desc(block_n), "v_desc": desc(block_n, plan.dv), "out_ptr": f"*{TYPES[dtype]}"}
+    rows = consumer_rows
+    runtime = {"q_desc": desc(rows), "k_desc": desc(block_n), "v_desc": desc(block_n, plan.dv), "out_ptr": f"*{TYPES[dtype]}"}
     first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate, the output
-    blocks = {"gate": lambda: desc(64), "out": lambda: desc(64, plan.dv), "tile": lambda: desc(64 * consumers, block_n)}
+    blocks = {"gate": lambda: desc(rows), "out": lambda: desc(rows, plan.dv), "tile": lambda: desc(rows * consumers, block_n)}
     runtime.update({name: blocks[re.match(r"[a-z]+", name).group(0)]() for name in kernel.arg_names[3:first - 1]})
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
-    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams)
+    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams, consumer_rows)
     maxnreg, regs = register_budget(consumers, ctas)
     # the kernel's last arguments, in order (BoundGluonLaunch); the output by TMA where the region can
     constexprs = gluon_launch.constexprs(tile, plan.store is not None)

@@ -245,6 +245,8 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("diff_attention", "float16", 64, (2, 128, 2, 1, 1, 0, 2), "0"),
     ("diff_attention", "bfloat16", 128, (2, 64, 2, 0, 1, 0, 2), "0"),   # V 256 wide
     ("diff_attention_causal", "bfloat16", 64, (2, 128, 2, 0, 1, 0, 2), "0"),  # streams, tiles skipped
+    ("evoformer_row", "bfloat16", 64, (1, 64, 2, 0, 2, 1, 1, 128), "0"),  # 128 rows per consumer
+    ("vanilla", "float16", 64, (1, 64, 2, 0, 2, 1, 1, 128), "0"),
 ])
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
@@ -257,6 +259,7 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     shared, buffers = map(int, re.search(r"shared (\d+) bytes \(buffers (\d+)\)", compiled).groups())
     assert buffers <= shared <= buffers + 1024, compiled
     assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile)), compiled
+    assert ("output stored by TMA" in compiled) == (name == "evoformer_row"), compiled  # its gate in the Q buffers
 
 
 @needs_gluon
@@ -285,6 +288,47 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, monkeypatch):
     assert plan.source.count("_release(kv_empty.index(") == 2
     assert ("_release(q_empty.index(qb), True)" in plan.source) == tma
     assert shared_bytes(("gluon", 1, 128, 2, 0, 2, 1), 64, 2, len(plan.tiles)) * 2 <= SHARED_BYTES
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_a_gated_output_is_stored_by_tma_through_the_q_buffers(setting, monkeypatch):
+    """The Evoformer's output ([B, N_seq, S, H, D]: its rows on axis 2 after the code's transposes,
+    the head dim innermost) is stored by TMA (GluonPlan.store, config.gluon_tma_store): each
+    consumer writes its rows into its Q buffer once it has read the gate from there, copies them
+    out and gives the buffer back once the copy has read it; at a launch whose M is not a multiple
+    of the CTA's rows they are stored per element (gluon_launch.stores_by_tma: a compile-time
+    switch). Vanilla attention, without a gate in its Q buffers, stores per element."""
+    monkeypatch.setattr(config, "gluon_tma_store", setting)
+    variant = VARIANTS["evoformer_row"]
+    plan = emit_gluon(*region_and_kinds(variant.fn, *variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64),
+                                                                     torch.bfloat16)))
+    assert plan.store == (2 if setting else None)
+    assert len(re.findall(r"tma\.\w+\(out_desc, \[out_row \+ WG \* BM, out_col\], o_buf\)", plan.source)) == setting
+    assert ("if not O_TMA:\n        if QB > 1:\n            _release(q_empty.index(qb), True)" in plan.source) == setting
+    vanilla = emit_gluon(*region_and_kinds(VARIANTS["vanilla"].fn, *VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)))
+    assert vanilla.store is None and "out_desc" not in vanilla.source
+    tiles = (("gluon", 1, 128, 2, 0, 2, 1), ("gluon", 1, 64, 2, 0, 2, 1, 1, 128), ("gluon", 3, 128, 3, 0, 1))
+    assert [gluon_launch.stores_by_tma(plan, tile, [2, 4, 256, 256]) for tile in tiles] == [setting, setting, False]
+    assert not gluon_launch.stores_by_tma(plan, tiles[0], [2, 4, 200, 256])
+
+
+@needs_gluon
+def test_the_output_stored_by_tma_is_one_row_matrix_with_a_consumer_s_rows_per_block():
+    """The output's TMA descriptor (the last) reads it as [rows, H·D] with one consumer's rows per
+    block; an output in a layout the printer's rule excludes (its head dim not innermost) is a
+    bug that is said, never a store to the wrong place."""
+    variant = VARIANTS["evoformer_row"]
+    plan = emit_gluon(*region_and_kinds(variant.fn, *variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64),
+                                                                     torch.bfloat16)))
+    inputs = [torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride(), dtype=n.meta["val"].dtype)
+              for n in plan.input_nodes]
+    out = torch.empty(*plan.input_nodes[plan.gates[0][0]].meta["val"].shape, dtype=torch.bfloat16)  # the gate's shape
+    for tile, rows in ((("gluon", 1, 128, 2, 0, 2, 1), 64), (("gluon", 1, 64, 2, 0, 2, 1, 1, 128), 128)):
+        desc = gluon_launch.descriptors(plan, tile, inputs, out)[-1]
+        assert list(desc.shape) == [math.prod(out.shape[:3]), math.prod(out.shape[3:])] and desc.block_shape == [rows, 64]
+    with pytest.raises(RuntimeError, match="bug"):
+        gluon_launch.descriptors(plan, ("gluon", 1, 128, 2, 0, 2, 1), inputs, out.transpose(-1, -2).contiguous().mT)
+    assert gluon_launch.grid(("gluon", 1, 64, 2, 0, 2, 0, 1, 128), [2, 4, 200, 256]) == (2 * 4 * 2,)  # 128-row items
 
 
 @needs_gluon

@@ -88,7 +88,7 @@ from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
 
-ROWS_PER_CONSUMER = 64      # one wgmma M extent: 4 warps × 16 rows
+ROWS_PER_CONSUMER = 64      # one wgmma M extent: 4 warps × 16 rows (a consumer may own two: GluonTile)
 HEAD_DIMS = (64, 128)
 DTYPES = {torch.bfloat16: "gl.bfloat16", torch.float16: "gl.float16"}
 SHARED_BYTES = 227 * 1024   # Hopper's shared memory per CTA
@@ -114,9 +114,12 @@ GLUON_CONFIGS = {
 # tiles (the Evoformer's pair bias: 0.780 ms at B=8 with it, the only such configuration that fits;
 # at head dim 128 with 64-key tiles, 1.360 ms against the Triton kernel's 1.616: twenty-first session).
 # Three consumers with ping-pong: vanilla at 1k keys 0.165 ms replayed against 0.171 without.
+# One consumer of 128 rows (two wgmma row blocks through each K/V tile) with 64-key tiles, two CTAs
+# per SM: the Evoformer's 256 keys 0.697 ms against 0.719 for 64 rows with 128-key tiles, both
+# with the output stored by TMA (H100, twenty-fifth session).
 PERSISTENT_CONFIGS = {
     64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 3, 128, 3, 1, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1),
-         ("gluon", 1, 128, 3, 0, 2, 1), ("gluon", 1, 128, 2, 0, 2, 1)),
+         ("gluon", 1, 128, 3, 0, 2, 1), ("gluon", 1, 128, 2, 0, 2, 1), ("gluon", 1, 64, 2, 0, 2, 1, 1, 128)),
     128: (("gluon", 2, 128, 2, 0, 1, 1), ("gluon", 1, 64, 2, 0, 2, 1)),
 }
 # Configurations of two-stream regions (differential attention; the last field: two streams, one
@@ -135,18 +138,19 @@ STREAM_CONFIGS = {64: _STREAM_WIDE_TILES,
 
 class GluonTile(typing.NamedTuple):
     """A Gluon configuration's fields (a tile of GLUON_CONFIGS without its "gluon" tag)."""
-    consumers: int   # warp groups of ROWS_PER_CONSUMER query rows each
+    consumers: int   # warp groups of ``consumer_rows`` query rows each
     block_n: int     # keys per K/V tile
     nbuf: int        # K/V tiles in flight (shared-memory ring)
     pingpong: int    # consumers take turns issuing their matrix products
     ctas: int        # CTAs per SM the register and shared-memory budgets are split for
     persistent: int = 0  # ``ctas`` CTAs per SM walk the work items, Q in two buffers (PERSISTENT_CONFIGS)
     streams: int = 1     # 2: one consumer per softmax stream over the same rows (STREAM_CONFIGS)
+    consumer_rows: int = ROWS_PER_CONSUMER  # 128: two wgmma row blocks per consumer (one stream only)
 
     @property
     def rows(self) -> int:
-        """Query rows per work item: each consumer's own 64, or with streams the 64 they share."""
-        return ROWS_PER_CONSUMER * (1 if self.streams > 1 else self.consumers)
+        """Query rows per work item: each consumer's own, or with streams the 64 they share."""
+        return self.consumer_rows * (1 if self.streams > 1 else self.consumers)
 
 
 def is_gluon_tile(tile) -> bool:
@@ -168,7 +172,7 @@ def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = N
     ones = 8 * t.block_n if row_sums_by_mma(tile) else 0
     kv = t.nbuf * t.block_n * (t.streams * d + dv)
     exchange = 4 * ROWS_PER_CONSUMER * dv if t.streams > 1 else 0
-    q = (1 + t.persistent) * t.consumers * ROWS_PER_CONSUMER * d
+    q = (1 + t.persistent) * t.consumers * t.consumer_rows * d
     return (q + kv + tiles * t.nbuf * t.rows * t.block_n + ones) * elem + exchange
 
 
@@ -777,7 +781,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, rows=ROWS_PER_CONSUMER, loader_regs=LOADER_REGS,
+        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles), store_alloc=(
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
             "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),

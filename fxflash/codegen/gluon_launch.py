@@ -56,6 +56,8 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     t = gluon_tile(tile)
     if t.streams != gplan.streams:
         return f"a configuration for {t.streams} softmax stream(s); the region has {gplan.streams}"
+    if t.consumer_rows != ROWS_PER_CONSUMER and t.streams > 1:
+        return "a consumer of more than 64 rows with two softmax streams (each stream's consumer owns the same 64)"
     if t.persistent and not gplan.dense:
         return "a persistent grid needs every item to visit every key tile (the region has tile masks)"
     device = inputs[0].device
@@ -106,9 +108,9 @@ def _blocks(gplan: GluonPlan, tile) -> tuple:
     Q's."""
     t = gluon_tile(tile)
     tiles = [[t.rows, t.block_n]] * len(gplan.tiles)
-    gates = [[ROWS_PER_CONSUMER, gplan.d]] * len(gplan.gates)
-    store = [[ROWS_PER_CONSUMER, gplan.dv]] * (gplan.store is not None)
-    return [ROWS_PER_CONSUMER, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates, *store
+    gates = [[t.consumer_rows, gplan.d]] * len(gplan.gates)
+    store = [[t.consumer_rows, gplan.dv]] * (gplan.store is not None)
+    return [t.consumer_rows, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates, *store
 
 
 def tma_inputs(gplan: GluonPlan) -> tuple:
@@ -202,7 +204,7 @@ def grid(tile, frame, device=None) -> tuple:
     if not t.persistent:
         return (items,)
     size = min(items, t.ctas * _multiprocessors(device.index if device is not None else None))
-    if 0 < frame[-2] % rows <= rows - ROWS_PER_CONSUMER:  # a consumer idles in the last block
+    if 0 < frame[-2] % rows <= rows - t.consumer_rows:  # a consumer idles in the last block
         while math.gcd(size, blocks) > 1:
             size -= 1
     return (size,)

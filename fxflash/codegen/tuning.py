@@ -119,7 +119,7 @@ def describe(tile: Tile) -> str:
         t = gluon_tile(tile)
         groups = (f"{t.consumers} consumer warp group{'s' if t.consumers > 1 else ''}"
                   + (" (one per softmax stream)" if t.streams > 1 else ""))
-        return (f"Gluon: {groups} × 64 rows, {t.block_n}-key tiles, {t.nbuf} K/V buffers"
+        return (f"Gluon: {groups} × {t.consumer_rows} rows, {t.block_n}-key tiles, {t.nbuf} K/V buffers"
                 + (", ping-pong" if t.pingpong else "") + (f", {t.ctas} CTAs per SM" if t.ctas > 1 else "")
                 + (", persistent" if t.persistent else ""))
     bm, bn, warps, stages = tile
