@@ -79,6 +79,10 @@ class Config:
                      instead of loading them per element in the consumers: the Evoformer 10 % faster
                      on an H200 (benchmarks/NOTES.md); ``FXFLASH_GLUON_TMA_TILES=0`` loads per element
                      (for A/B measurements).
+    gluon_tma_key_vectors: with gluon_tma_tiles, also read a [1, keys] vector of a 16-bit score
+                     input (the Evoformer's mask bias) by TMA beside K, one row per key tile for all
+                     the item's rows, instead of per element in the consumers;
+                     ``FXFLASH_GLUON_TMA_KEY_VECTORS=0`` loads it per element (for A/B measurements).
     gluon_tma_store: in the Gluon kernel of a region whose output gate arrives in the Q buffers
                      (gluon_tma_tiles), write each consumer's finished rows into its Q buffer and
                      store them by TMA instead of per element from registers: the Evoformer 6 %
@@ -114,6 +118,7 @@ class Config:
     gluon_full_tiles: bool = os.environ.get("FXFLASH_GLUON_FULL_TILES", "1") != "0"
     gluon_mma_row_sum: bool = os.environ.get("FXFLASH_GLUON_MMA_ROW_SUM", "1") != "0"
     gluon_tma_tiles: bool = os.environ.get("FXFLASH_GLUON_TMA_TILES", "1") != "0"
+    gluon_tma_key_vectors: bool = os.environ.get("FXFLASH_GLUON_TMA_KEY_VECTORS", "1") != "0"
     gluon_tma_store: bool = os.environ.get("FXFLASH_GLUON_TMA_STORE", "1") != "0"
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     bind_gluon_launches: bool = os.environ.get("FXFLASH_BIND_GLUON_LAUNCHES", "1") != "0"

@@ -55,8 +55,10 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     rows = consumer_rows
     runtime = {"q_desc": desc(rows), "k_desc": desc(block_n), "v_desc": desc(block_n, plan.dv), "out_ptr": f"*{TYPES[dtype]}"}
     first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate, the output
+    vectors = {f"tile{j}_desc" for j, i in enumerate(plan.tiles) if i in plan.vectors}  # [1, keys] blocks
     blocks = {"gate": lambda: desc(rows), "out": lambda: desc(rows, plan.dv), "tile": lambda: desc(rows * consumers, block_n)}
-    runtime.update({name: blocks[re.match(r"[a-z]+", name).group(0)]() for name in kernel.arg_names[3:first - 1]})
+    runtime.update({name: desc(1, block_n) if name in vectors else blocks[re.match(r"[a-z]+", name).group(0)]()
+                    for name in kernel.arg_names[3:first - 1]})
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
@@ -72,7 +74,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
     stores = "by TMA" if "cp.async.bulk.tensor.2d.global.shared" in compiled.asm["ptx"] else "per element"
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
-          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles), plan.dv)}), {regs} registers per consumer thread; row sums "
+          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles) - len(plan.vectors), plan.dv, len(plan.vectors))}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; output stored {stores}; "
           f"{spills(compiled.asm['ptx'])}")
 

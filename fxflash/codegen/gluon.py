@@ -161,10 +161,11 @@ def gluon_tile(tile) -> GluonTile:
     return GluonTile(*tile[1:])
 
 
-def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = None) -> int:
+def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = None, vectors: int = 0) -> int:
     """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K tiles of each
     stream (head dim ``d``) and V tiles (``dv``, d if None), ``NBUF`` [rows, keys] tiles of each
-    of ``tiles`` score inputs read by TMA (GluonPlan.tiles), with the row sums on the tensor
+    of ``tiles`` score inputs read by TMA (GluonPlan.tiles) and ``NBUF`` [1, keys] ones of each of
+    ``vectors`` more (GluonPlan.vectors), with the row sums on the tensor
     cores the ``[8, block_n]`` ones of ``P·1`` and with two streams the fp32 [64, dv] output
     one stream hands the other, for one CTA."""
     t = gluon_tile(tile)
@@ -173,7 +174,7 @@ def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = N
     kv = t.nbuf * t.block_n * (t.streams * d + dv)
     exchange = 4 * ROWS_PER_CONSUMER * dv if t.streams > 1 else 0
     q = (1 + t.persistent) * t.consumers * t.consumer_rows * d
-    return (q + kv + tiles * t.nbuf * t.rows * t.block_n + ones) * elem + exchange
+    return (q + kv + (tiles * t.rows + vectors) * t.nbuf * t.block_n + ones) * elem + exchange
 
 
 def row_sums_by_mma(tile) -> bool:
@@ -425,6 +426,7 @@ class GluonPlan:
     dv: int
     dense: bool = False  # no tile mask skips tiles (_Printer.skips_tiles): every item visits every key tile
     tiles: tuple = ()    # input indices of the score's [rows, keys] tiles read by TMA (_GluonPrinter)
+    vectors: tuple = ()  # those of them that are [1, keys] vectors (one row for all the item's rows)
     gates: tuple = ()    # (input index, row axis) of an output gate read by TMA into the Q buffers
     store: int | None = None  # the output's row axis where the consumers store their rows by TMA
     streams: int = 1     # softmax streams, each its own consumer (STREAM_CONFIGS)
@@ -436,6 +438,7 @@ class GluonPlan:
         args = [(spec[0], new[spec[1]], *spec[2:]) if spec[0] in INPUT_ARGS else spec for spec in self.args]
         return dataclasses.replace(self, args=args, input_nodes=list(nodes),
                                    operands=tuple(new[i] for i in self.operands), tiles=tuple(new[i] for i in self.tiles),
+                                   vectors=tuple(new[i] for i in self.vectors),
                                    gates=tuple((new[i], axis) for i, axis in self.gates),
                                    summaries=tuple((new[i], axis) for i, axis in self.summaries))
 
@@ -459,7 +462,7 @@ class _GluonPrinter(_Printer):
 
     def __init__(self, region: Region, name: str):
         super().__init__(region, name)
-        self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset)
+        self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset, a key vector?)
         self.gates: list = []  # at most one: (input index, its row axis, row stride's parameter, batch offset)
 
     def load(self, node: fx.Node, idx: tuple) -> Value:
@@ -472,7 +475,7 @@ class _GluonPrinter(_Printer):
             return super().load(node, idx)
         i = self.tensor_input(node)
         _, batch = self.input_address(node, idx[:-2] + (None, None))  # the batch item's offset, int64
-        self.tiles.append((i, f"in{i}_s{len(idx) - 2}", batch))
+        self.tiles.append((i, f"in{i}_s{len(idx) - 2}", batch, idx[-2] is None))
         return self.place(f"tile{len(self.tiles) - 1}.to({compute_dtype(node.meta['val'].dtype)})", True, "x")
 
     def is_tma_tile(self, node: fx.Node, idx: tuple) -> bool:
@@ -480,10 +483,13 @@ class _GluonPrinter(_Printer):
         loader fills each stream's K buffers), the score's (not the epilogue's),
         its last two axes the rows and the keys, every other axis a batch index or broadcast,
         16-bit, traced with contiguous keys and rows apart (not a row broadcast by ``expand``);
-        launch_refusal checks each launch's layout (TMA: the rows 16-byte aligned)."""
+        or with config.gluon_tma_key_vectors a [1, keys] vector of the same kind, one row for all
+        the item's rows (the Evoformer's mask bias, [B, N_seq, 1, 1, S]); launch_refusal checks
+        each launch's layout (TMA: the rows 16-byte aligned)."""
         val = node.meta["val"]
-        return (config.gluon_tma_tiles and self.r.split is None
-                and not self.in_epilogue and len(idx) >= 2 and idx[-2:] == (ROW, COL)
+        rows = idx[-2:] == (ROW, COL) or (config.gluon_tma_key_vectors and idx[-2:] == (None, COL)
+                                          and val.shape[-2] == 1)
+        return (config.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2 and rows
                 and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
                 and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
@@ -585,7 +591,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
                      [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights,
                      out_tma)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
-                     dense=not pr.skips_tiles, tiles=tuple(i for i, _, _ in pr.tiles),
+                     dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
+                     vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights),
                      store=out_tma[0] if out_tma else None)
 
@@ -727,7 +734,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     full = "_score_full" in scores
     names = [f"tile{j}" for j in range(len(tiles))]
     # a work item's values (_work): what the loader and the consumers need of it
-    located = [*zip(names, ((sr, batch) for _, sr, batch in tiles)), *(("gate0", (sr, batch)) for _, _, sr, batch in gates),
+    located = [*zip(names, ((sr, batch) for _, sr, batch, _ in tiles)), *(("gate0", (sr, batch)) for _, _, sr, batch in gates),
                *([("out", out_tma[1:3])] if out_tma else [])]
     work = (f"lin, {fbs}mt, q_row, k_row, v_row, q_col, k_col, v_col, lo_t, n_t{', f_lo, f_hi' if full else ''}"
             + streams.work + "".join(f", {t}_row, {t}_col" for t, _ in located))
@@ -737,8 +744,10 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
               f"q_ready, q_empty, {'g_ready, q_free, ' if gates else ''}k_ready, v_ready, kv_empty, turns, out_ptr, {work}, "
               f"{', '.join(params)}")
     # each TMA-read input's first row and column in its [R, sr] matrix, as Q's
+    vectors = {f"tile{j}" for j, (*_, vector) in enumerate(tiles) if vector}  # one row for all the item's rows
     tile_work = [line for t, (sr, batch) in located for line in (
-        f"{t}_off = lin.to(gl.int64) * 0 + {to_gluon(batch)}", f"{t}_row = ({t}_off // {sr}).to(gl.int32) + mt * BLOCK_M",
+        f"{t}_off = lin.to(gl.int64) * 0 + {to_gluon(batch)}",
+        f"{t}_row = ({t}_off // {sr}).to(gl.int32)" + ("" if t in vectors else " + mt * BLOCK_M"),
         f"{t}_col = ({t}_off % {sr}).to(gl.int32)")]
     tile_loads = "".join(f"\n        {api['tma_load']}({t}_desc, [{t}_row, {t}_col + key], k_ready.index(idx), {t}_bufs.index(idx))"
                          for t in names)
@@ -758,7 +767,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     def score_call(key_tile: str, buf: str, indent: str) -> str:
         """``x`` for key tile ``key_tile`` (K/V ring buffer ``buf``): through ``_score_full`` on the run
         of full tiles; the consumer's rows of each TMA-read tile first."""
-        reads = "".join(f"{t} = {t}_bufs.index({buf}).slice(WG * BM, BM).load(s_layout)\n{indent}" for t in names)
+        reads = "".join(f"{t} = {t}_bufs.index({buf}){'' if t in vectors else '.slice(WG * BM, BM)'}.load(s_layout)\n{indent}"
+                        for t in names)
         call = f"(s, rm, gl.expand_dims({key_tile} * BLOCK_N + cols, 0), {''.join(t + ', ' for t in names)}{fbs}{sp})"
         if "_score_1" in scores:  # stream 1's own scores (a compile-time branch: WG is constexpr)
             return f"if WG == 0:\n{indent}    x = _score{call}\n{indent}else:\n{indent}    x = _score_1{call}"
@@ -775,8 +785,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         loop_score=score_call("(lo_t + j)", "idx", "        "), k=repr(k), descs=descs, streams=streams,
         tile_work="".join("\n    " + line for line in tile_work), tile_loads=tile_loads, **gate,
         tile_bytes="".join(f" + {t}_desc.block_type.nbytes" for t in names),
-        tile_alloc="".join(f"\n    {t}_bufs = gl.allocate_shared_memory({t}_desc.dtype, [NBUF, BLOCK_M, BLOCK_N], {t}_desc.layout)"
-                           for t in names),
+        tile_alloc="".join(f"\n    {t}_bufs = gl.allocate_shared_memory({t}_desc.dtype, [NBUF, {1 if t in vectors else 'BLOCK_M'}, "
+                           f"BLOCK_N], {t}_desc.layout)" for t in names),
         item=body("    " + line for line in ["n_mt = gl.cdiv(M, BLOCK_M)", f"mt = {mt}", "lin = item // n_mt",
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),

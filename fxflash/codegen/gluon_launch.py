@@ -67,12 +67,13 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
         why = _rows_view_refusal(view, cols, what, last)
         if why:
             return why
-    if gplan.tiles and t.consumers & (t.consumers - 1):
+    rows_tiles = len(gplan.tiles) - len(gplan.vectors)
+    if rows_tiles and t.consumers & (t.consumers - 1):
         return "a score input read by TMA needs a power-of-two number of consumers (its block holds the CTA's rows)"
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
     elem = inputs[gplan.operands[0]].element_size()
-    if shared_bytes(tile, gplan.d, elem, len(gplan.tiles), gplan.dv) * t.ctas > SHARED_BYTES:
+    if shared_bytes(tile, gplan.d, elem, rows_tiles, gplan.dv, len(gplan.vectors)) * t.ctas > SHARED_BYTES:
         return "its buffers exceed shared memory"
     return None
 
@@ -103,11 +104,11 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
 
 def _blocks(gplan: GluonPlan, tile) -> tuple:
     """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V; then of
-    each score tile (GluonPlan.tiles): the CTA's rows of one key tile; then of the output gate
+    each score tile (GluonPlan.tiles): the CTA's rows of one key tile (one row of a key vector); then of the output gate
     (GluonPlan.gates) and of the output stored by TMA (GluonPlan.store): one consumer's rows, as
     Q's."""
     t = gluon_tile(tile)
-    tiles = [[t.rows, t.block_n]] * len(gplan.tiles)
+    tiles = [[1 if i in gplan.vectors else t.rows, t.block_n] for i in gplan.tiles]
     gates = [[t.consumer_rows, gplan.d]] * len(gplan.gates)
     store = [[t.consumer_rows, gplan.dv]] * (gplan.store is not None)
     return [t.consumer_rows, gplan.d], [t.block_n, gplan.d], [t.block_n, gplan.dv], *tiles, *gates, *store
