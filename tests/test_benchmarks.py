@@ -157,7 +157,8 @@ def test_probe_core_loop_switches_keep_attention():
 
 
 # probe_gluon_edits' hand edits, each with a kernel it was measured on (variant, Gluon tile, head
-# dim, and whether the score's tiles and the gate come by TMA: config.gluon_tma_tiles)
+# dim, and whether the score's tiles and the gate come by TMA: config.gluon_tma_tiles; the mask
+# bias per element, as before config.gluon_tma_key_vectors: bias_ahead moves that load)
 GLUON_EDITS = [
     ("hoist_key_linear", "alibi", (2, 128, 3, 0, 1), 64, False),
     ("magic_int_to_float", "alibi", (3, 128, 3, 0, 1), 64, True),
@@ -188,11 +189,12 @@ def _gluon_source(name: str, tma: bool = False, d: int = 64) -> str:
     from fxflash.variants import VARIANTS, Shape
 
     args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=d, Dv=d), torch.bfloat16)
-    setting, config.gluon_tma_tiles = config.gluon_tma_tiles, tma
+    settings = config.gluon_tma_tiles, config.gluon_tma_key_vectors
+    config.gluon_tma_tiles, config.gluon_tma_key_vectors = tma, False
     try:
         return emit_gluon(*region_and_kinds(VARIANTS[name].fn, *args)).source
     finally:
-        config.gluon_tma_tiles = setting
+        config.gluon_tma_tiles, config.gluon_tma_key_vectors = settings
 
 
 @needs_gluon
@@ -208,7 +210,8 @@ def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
         with pytest.raises(ValueError, match="nothing to change"):
             probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla", tma, d))
     assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant, tma, d)) != _gluon_source(variant, tma, d)
-    compiled = compile_for_hopper(variant, "bfloat16", d, tile, edit, FXFLASH_GLUON_TMA_TILES=str(int(tma)))
+    compiled = compile_for_hopper(variant, "bfloat16", d, tile, edit, FXFLASH_GLUON_TMA_TILES=str(int(tma)),
+                                  FXFLASH_GLUON_TMA_KEY_VECTORS="0")
     assert f"compiled {variant} edited by {edit}" in compiled, compiled
 
 

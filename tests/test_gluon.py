@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import gluon_launch, tuning
-from fxflash.codegen.gluon import (GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, STREAM_CONFIGS, emit_gluon,
-                                   gluon_tile, register_budget, row_sums_by_mma, shared_bytes, to_gluon)
+from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, SHARED_BYTES, STREAM_CONFIGS,
+                                   emit_gluon, fits_shared_memory, gluon_tile, register_budget, row_sums_by_mma, shared_bytes,
+                                   to_gluon)
 from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
@@ -257,37 +258,44 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     d, dv = d if isinstance(d, tuple) else (d, None)
     compiled = compile_for_hopper(name, dtype, d, tile, dv=dv, FXFLASH_GLUON_FULL_TILES=full_tiles)
     shared, buffers = map(int, re.search(r"shared (\d+) bytes \(buffers (\d+)\)", compiled).groups())
-    assert buffers <= shared <= buffers + 1024, compiled
+    assert buffers <= shared <= buffers + BARRIER_BYTES, compiled
     assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile)), compiled
     assert ("output stored by TMA" in compiled) == (name == "evoformer_row"), compiled  # its gate in the Q buffers
 
 
 @needs_gluon
-@pytest.mark.parametrize("tma", [True, False])
-def test_score_tiles_and_the_gate_arrive_by_tma(tma, monkeypatch):
+@pytest.mark.parametrize("tma, vectors", [(True, True), (True, False), (False, True)])
+def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, monkeypatch):
     """The Evoformer's pair bias ([B, 1, H, S, S]: a [rows, keys] tile per key tile) is read by the
-    loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), and its
-    gate ([B, N_seq, S, H, D], rows on axis 2) by a second loader warp into the item's Q buffers
-    once its last Q·Kᵀ is done (GluonPlan.gates), each located as Q's block is; its mask bias (one
-    vector per key tile) is loaded per element; with the setting off, all three are. The consumers
-    read the tile and the gate with ordinary loads, so they release those buffers to the loader's
-    TMA after a proxy fence (gluon._release; without it, wrong results measured on the H200)."""
+    loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), with
+    config.gluon_tma_key_vectors its mask bias too ([B, N_seq, 1, 1, S]: one [1, keys] row per key
+    tile for all the item's rows, GluonPlan.vectors), and its gate ([B, N_seq, S, H, D], rows on axis
+    2) by a second loader warp into the item's Q buffers once its last Q·Kᵀ is done
+    (GluonPlan.gates), each located as Q's block is; with a setting off, those inputs are loaded per
+    element. The consumers read the tiles and the gate with ordinary loads, so they release those
+    buffers to the loader's TMA after a proxy fence (gluon._release; without it, wrong results
+    measured on the H200)."""
     monkeypatch.setattr(config, "gluon_tma_tiles", tma)
+    monkeypatch.setattr(config, "gluon_tma_key_vectors", vectors)
     variant = VARIANTS["evoformer_row"]
     args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)
     plan = emit_gluon(*region_and_kinds(variant.fn, *args))
-    shapes = [tuple(plan.input_nodes[i].meta["val"].shape) for i in plan.tiles]
-    assert shapes == ([tuple(args[4].shape)] if tma else [])
-    gates = [(tuple(plan.input_nodes[i].meta["val"].shape), axis) for i, axis in plan.gates]
+    shape = lambda i: tuple(plan.input_nodes[i].meta["val"].shape)  # noqa: E731
+    assert [shape(i) for i in plan.tiles] == [tuple(args[3].shape[:2]) + (1, 1, 256)] * (tma and vectors) + \
+        [tuple(args[4].shape)] * tma
+    assert [shape(i) for i in plan.vectors] == [tuple(args[3].shape[:2]) + (1, 1, 256)] * (tma and vectors)
+    assert ("tile0_bufs = gl.allocate_shared_memory(tile0_desc.dtype, [NBUF, 1, BLOCK_N]" in plan.source) == (tma and vectors)
+    gates = [(shape(i), axis) for i, axis in plan.gates]
     assert gates == ([(tuple(args[5].shape), 2)] if tma else [])
     loads = re.findall(r"gl\.load\((in\d+)_ptr", plan.source)
-    assert len(loads) == (1 if tma else 3), loads
+    assert len(loads) == (3 - 2 * tma - (tma and vectors)), loads
     assert ("tile0_bufs.index(idx)" in plan.source) == tma
     assert ("mbarrier.wait(q_free.index(qb)" in plan.source) == tma  # the loader waits for the last Q·Kᵀ
     assert f"TILE_LOADS = gl.constexpr({tma})" in plan.source
     assert plan.source.count("_release(kv_empty.index(") == 2
     assert ("_release(q_empty.index(qb), True)" in plan.source) == tma
-    assert shared_bytes(("gluon", 1, 128, 2, 0, 2, 1), 64, 2, len(plan.tiles)) * 2 <= SHARED_BYTES
+    assert fits_shared_memory(("gluon", 1, 64, 2, 0, 2, 1, 1, 128), shared_bytes(("gluon", 1, 64, 2, 0, 2, 1, 1, 128), 64, 2,
+                              len(plan.tiles) - len(plan.vectors), None, len(plan.vectors)))
 
 
 @pytest.mark.parametrize("setting", [True, False])
@@ -507,7 +515,7 @@ def test_every_configuration_fits_its_share_of_an_sm():
             maxnreg, regs = register_budget(t.consumers, t.ctas)
             assert t.ctas * maxnreg * (4 * t.consumers + 4) * 32 <= 65536, tile
             assert 160 <= regs <= 256 and regs * t.consumers * 128 + LOADER_REGS * 128 <= maxnreg * (4 * t.consumers + 4) * 32
-            assert t.ctas * shared_bytes(tile, d) <= SHARED_BYTES, tile
+            assert fits_shared_memory(tile, shared_bytes(tile, d)), tile
     for dv, tiles in STREAM_CONFIGS.items():  # differential attention: D = Dv / 2, or D = Dv = 128
         for tile in tiles:
             assert register_budget(2)[1] == 240 and shared_bytes(tile, max(64, dv // 2), 2, 0, dv) <= SHARED_BYTES, tile

@@ -92,6 +92,9 @@ ROWS_PER_CONSUMER = 64      # one wgmma M extent: 4 warps × 16 rows (a consumer
 HEAD_DIMS = (64, 128)
 DTYPES = {torch.bfloat16: "gl.bfloat16", torch.float16: "gl.float16"}
 SHARED_BYTES = 227 * 1024   # Hopper's shared memory per CTA
+SM_SHARED_BYTES = 228 * 1024  # … and per SM, of which each resident CTA's first 1 KB is the system's
+CTA_RESERVED_BYTES = 1024
+BARRIER_BYTES = 768  # a kernel's mbarriers and alignment beyond its buffers (tests/gluon_compile.py: 492–664)
 FLT_MAX = "3.4028234663852886e+38"
 
 # Gluon configurations ("gluon", consumers, key tile, K/V buffers, ping-pong, CTAs per SM), by
@@ -175,6 +178,14 @@ def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = N
     exchange = 4 * ROWS_PER_CONSUMER * dv if t.streams > 1 else 0
     q = (1 + t.persistent) * t.consumers * t.consumer_rows * d
     return (q + kv + (tiles * t.rows + vectors) * t.nbuf * t.block_n + ones) * elem + exchange
+
+
+def fits_shared_memory(tile, buffers: int) -> bool:
+    """Do ``buffers`` bytes (shared_bytes) with the kernel's barriers fit one CTA, and ``ctas`` such
+    CTAs with their reserved kilobyte one SM? (Two CTAs of 116,204 bytes fit, of 116,764 do not:
+    the Evoformer's pair bias, mask bias and gate on 1 × 128 × 2, twenty-fifth session.)"""
+    alloc = buffers + BARRIER_BYTES
+    return alloc <= SHARED_BYTES and gluon_tile(tile).ctas * (alloc + CTA_RESERVED_BYTES) <= SM_SHARED_BYTES
 
 
 def row_sums_by_mma(tile) -> bool:

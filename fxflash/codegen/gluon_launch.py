@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ..config import config
-from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, SHARED_BYTES, STREAM_CONFIGS, GluonPlan,
+from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, STREAM_CONFIGS, GluonPlan, fits_shared_memory,
                     gluon_tile, register_budget, shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
@@ -73,7 +73,7 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
     elem = inputs[gplan.operands[0]].element_size()
-    if shared_bytes(tile, gplan.d, elem, rows_tiles, gplan.dv, len(gplan.vectors)) * t.ctas > SHARED_BYTES:
+    if not fits_shared_memory(tile, shared_bytes(tile, gplan.d, elem, rows_tiles, gplan.dv, len(gplan.vectors))):
         return "its buffers exceed shared memory"
     return None
 
