@@ -447,7 +447,7 @@ def test_gated_regions_on_persistent_grids_of_every_consumer_count_on_gpu(monkey
 
 @needs_hopper
 @pytest.mark.parametrize("name,tile", [("causal", GLUON_CONFIGS[64][0]), ("vanilla", PERSISTENT_CONFIGS[64][0]),
-                                       ("evoformer_row", PERSISTENT_CONFIGS[64][4])],
+                                       ("evoformer_row", PERSISTENT_CONFIGS[64][5])],  # 128 rows per consumer
                          ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x[1:])))
 def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, tile, monkeypatch):
     """The second call of a layout whose tile is a Gluon configuration (one CTA per item, or a
