@@ -7,8 +7,9 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 
 * one *loader* warp copies the CTA's Q tiles and each K and V tile by TMA into a ring of
   ``NBUF`` shared-memory buffers (mbarrier ready/empty pairs);
-* ``CONSUMERS`` (1–3) warp groups of 4 warps own 64 query rows each and share every K/V tile
-  (one consumer leaves registers and shared memory for a second CTA on the SM);
+* ``CONSUMERS`` (1–3) warp groups of 4 warps own 64 query rows each (or 128, two wgmma row
+  blocks: ``GluonTile.consumer_rows``) and share every K/V tile (one consumer leaves registers
+  and shared memory for a second CTA on the SM);
   inside each, the next tile's ``S = Q·Kᵀ`` (asynchronous wgmma) is issued before the current
   ``P·V``, and the softmax of one tile runs while the tensor cores work on the other; with
   ping-pong the consumers' matrix products take turns;
@@ -18,8 +19,11 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 * a [rows, keys] tile of a 16-bit score input (a pair bias, an additive mask) comes with each
   K tile by TMA (the same barrier and ring slot; ``GluonPlan.tiles``, config.gluon_tma_tiles),
   each consumer reading its rows back from shared memory instead of loading them per element;
-  an output gate in Q's dtype (``GluonPlan.gates``) is read by a second loader warp into the
-  item's Q buffers once the item's last ``Q·Kᵀ`` has completed, for the epilogue;
+  a [1, keys] vector (the Evoformer's mask bias: ``GluonPlan.vectors``) comes the same way, one
+  row for all the item's rows; an output gate in Q's dtype (``GluonPlan.gates``) is read by a
+  second loader warp into the item's Q buffers once the item's last ``Q·Kᵀ`` has completed, for
+  the epilogue, and the consumers then store the output through those buffers by TMA
+  (``GluonPlan.store``, ``_tma_store_lines``);
 * the key tiles a mask empties are never loaded: the tile range ``[lo_t, hi_t)`` comes from
   the same interval tests as emit's (``tile_range``), computed once per CTA before the
   warps split (``_work``), and every visited tile evaluates the masks;
