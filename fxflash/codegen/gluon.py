@@ -522,7 +522,6 @@ class _GluonPrinter(_Printer):
                 and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
                 and val.stride(-1) == 1 and val.stride(rows[0]) > 0)
 
-
     def tma_store(self) -> tuple | None:
         """``(row axis, its stride's parameter, batch offset, value)`` of the output when each
         consumer stores its finished rows by TMA through its Q buffer (config.gluon_tma_store), or
