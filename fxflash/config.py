@@ -81,13 +81,14 @@ class Config:
                      (for A/B measurements).
     gluon_tma_key_vectors: with gluon_tma_tiles, also read a [1, keys] vector of a 16-bit score
                      input (the Evoformer's mask bias) by TMA beside K, one row per key tile for all
-                     the item's rows, instead of per element in the consumers;
-                     ``FXFLASH_GLUON_TMA_KEY_VECTORS=0`` loads it per element (for A/B measurements).
+                     the item's rows, instead of per element in the consumers: the Evoformer at B=8
+                     0.703 → 0.663 ms on an H100; ``FXFLASH_GLUON_TMA_KEY_VECTORS=0`` loads it per
+                     element (for A/B measurements).
     gluon_tma_store: in the Gluon kernel of a region whose output gate arrives in the Q buffers
                      (gluon_tma_tiles), write each consumer's finished rows into its Q buffer and
-                     store them by TMA instead of per element from registers: the Evoformer 6 %
-                     faster on an H100 (benchmarks/NOTES.md); ``FXFLASH_GLUON_TMA_STORE=0`` stores
-                     per element (for A/B measurements).
+                     store them by TMA instead of per element from registers: the Evoformer at B=8
+                     0.772 → 0.738 ms on an H100 (benchmarks/NOTES.md); ``FXFLASH_GLUON_TMA_STORE=0``
+                     stores per element (for A/B measurements).
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
                      kernel directly, skipping the JIT entry point's per-call work
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
