@@ -104,9 +104,9 @@ def candidates(gplan: GluonPlan | None, inputs: list, frame) -> list:
 
 def _blocks(gplan: GluonPlan, tile) -> tuple:
     """The TMA block of Q, K and V: one consumer's rows of Q, one key tile of K and V; then of
-    each score tile (GluonPlan.tiles): the CTA's rows of one key tile (one row of a key vector); then of the output gate
-    (GluonPlan.gates) and of the output stored by TMA (GluonPlan.store): one consumer's rows, as
-    Q's."""
+    each score tile (GluonPlan.tiles): the CTA's rows of one key tile (one row of a key vector);
+    then of the output gate (GluonPlan.gates) and of the output stored by TMA (GluonPlan.store):
+    one consumer's rows, as Q's."""
     t = gluon_tile(tile)
     tiles = [[1 if i in gplan.vectors else t.rows, t.block_n] for i in gplan.tiles]
     gates = [[t.consumer_rows, gplan.d]] * len(gplan.gates)
@@ -142,9 +142,10 @@ def descriptors(gplan: GluonPlan, tile, inputs: list, out: torch.Tensor | None =
 
     dtypes = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
     reads = _tma_reads(gplan, inputs, out if gplan.store is not None else None)
-    why = _rows_view_refusal(*reads[-1]) if gplan.store is not None else None
-    if why:  # the allocated output breaks gluon._GluonPrinter.tma_store's rule
-        raise RuntimeError(f"fxflash: bug: the Gluon kernel would store {why} by TMA")
+    if gplan.store is not None:  # an output that breaks gluon._GluonPrinter.tma_store's rule: a bug
+        why = "no output (none given)" if out is None else _rows_view_refusal(*reads[-1])
+        if why:
+            raise RuntimeError(f"fxflash: bug: the Gluon kernel would store {why} by TMA")
     descs = []
     for (t, *_), block in zip(reads, _blocks(gplan, tile)):
         layout = gl.NVMMASharedLayout.get_default_for(block, dtypes[t.dtype])
