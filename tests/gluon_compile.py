@@ -48,21 +48,17 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     kernel = load_kernel(plan.source, plan.name)
     layout = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
-    def desc(rows, cols=d):
-        block = [rows, cols]
-        return f"tensordesc<{TYPES[dtype]}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
+    def desc(block):
+        return f"tensordesc<{TYPES[dtype]}{block},{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
-    rows = consumer_rows
-    runtime = {"q_desc": desc(rows), "k_desc": desc(block_n), "v_desc": desc(block_n, plan.dv), "out_ptr": f"*{TYPES[dtype]}"}
-    first = kernel.arg_names.index("out_ptr") + 1  # descriptors between v_desc and out_ptr: score tiles, a gate, the output
-    vectors = {f"tile{j}_desc" for j, i in enumerate(plan.tiles) if i in plan.vectors}  # [1, keys] blocks
-    blocks = {"gate": lambda: desc(rows), "out": lambda: desc(rows, plan.dv), "tile": lambda: desc(rows * consumers, block_n)}
-    runtime.update({name: desc(1, block_n) if name in vectors else blocks[re.match(r"[a-z]+", name).group(0)]()
-                    for name in kernel.arg_names[3:first - 1]})
+    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams, consumer_rows)
+    first = kernel.arg_names.index("out_ptr") + 1  # the TMA descriptors come before out_ptr, in _blocks's order
+    blocks = gluon_launch._blocks(plan, tile)
+    runtime = {name: desc(block) for name, block in zip(kernel.arg_names[:first - 1], blocks)}
+    runtime["out_ptr"] = f"*{TYPES[dtype]}"
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
-    tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams, consumer_rows)
     maxnreg, regs = register_budget(consumers, ctas)
     # the kernel's last arguments, in order (BoundGluonLaunch); the output by TMA where the region can
     constexprs = gluon_launch.constexprs(tile, plan.store is not None)
