@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import fxflash
 from fxflash.codegen import gluon_launch, tuning
-from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STREAM_CONFIGS,
-                                   emit_gluon, fits_shared_memory, gluon_tile, register_budget, row_sums_by_mma,
-                                   shared_bytes, to_gluon)
+from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STORE_DRAIN,
+                                   STREAM_CONFIGS, emit_gluon, fits_shared_memory, gluon_tile, register_budget,
+                                   row_sums_by_mma, shared_bytes, to_gluon)
 from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
@@ -303,7 +303,8 @@ def test_a_gated_output_is_stored_by_tma_through_the_q_buffers(setting, monkeypa
     """The Evoformer's output ([B, N_seq, S, H, D]: its rows on axis 2 after the code's transposes,
     the head dim innermost) is stored by TMA (GluonPlan.store, config.gluon_tma_store): each
     consumer writes its rows into its Q buffer once it has read the gate from there, copies them
-    out and gives the buffer back once the copy has read it; at a launch whose M is not a multiple
+    out and, at its next item's first Q·Kᵀ, waits for the copy to have read the buffer and gives
+    it back (gluon.STORE_DRAIN; the last copy waited for after its walk); at a launch whose M is not a multiple
     of the CTA's rows they are stored per element (gluon_launch.stores_by_tma: a compile-time
     switch). Vanilla attention, without a gate in its Q buffers, stores per element."""
     monkeypatch.setattr(config, "gluon_tma_store", setting)
@@ -313,6 +314,9 @@ def test_a_gated_output_is_stored_by_tma_through_the_q_buffers(setting, monkeypa
     assert plan.store == (2 if setting else None)
     assert len(re.findall(r"tma\.\w+\(out_desc, \[out_row \+ WG \* BM, out_col\], o_buf\)", plan.source)) == setting
     assert ("if not O_TMA:\n        if QB > 1:\n            _release(q_empty.index(qb), True)" in plan.source) == setting
+    copy = plan.source.find("o_buf)\n") if setting else -1
+    assert (STORE_DRAIN in plan.source[:copy]) == setting  # waited for at the next item, not after the copy
+    assert plan.source.count("tma.store_wait(0)") == 4 * setting  # the drain and the end of each consumer's walk
     vanilla = emit_gluon(*region_and_kinds(VARIANTS["vanilla"].fn, *VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)))
     assert vanilla.store is None and "out_desc" not in vanilla.source
     tiles = (("gluon", 1, 128, 2, 0, 2, 1), ("gluon", 1, 64, 2, 0, 2, 1, 1, 128), ("gluon", 3, 128, 3, 0, 1))

@@ -792,7 +792,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                 f"{indent}else:\n{indent}    x = _score{call}")
     consumers = "\n".join(
         f"@gluon.jit\ndef _consumer{wg}({common}, n_items, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr):\n"
-        f"    _walk({common}, n_items, _consume_item, {wg}, PINGPONG, ROWS_P2)\n" for wg in range(3))
+        f"    _walk({common}, n_items, _consume_item, {wg}, PINGPONG, ROWS_P2)\n"
+        + ("    tma.store_wait(0)  # the last item's copy out (STORE_DRAIN)\n" if out_tma else "") for wg in range(3))
     return SKELETON.format(
         name=name, tma_load=api["tma_load"], helpers="\n".join(helpers), fbs=fbs, common=common, sp=sp,
         params=", ".join(params), work=work, score_fns=score_fns, first_score=score_call("lo_t", "t % NBUF", "    "),
@@ -806,7 +807,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
-        tile_loads_read=bool(tiles), store_alloc=(
+        tile_loads_read=bool(tiles), store_drain=STORE_DRAIN if out_tma else "", store_alloc=(
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
             "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),
         store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
@@ -823,7 +824,8 @@ def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
     copied out by TMA, and the buffer goes back to the loader once the copy has read it (the
     fence before the copy ordered the gate's loads and these writes, the generic proxy's, before
     TMA's). Otherwise they are stored per element (TMA would write past M into the next item's
-    rows of the output's [R, sr] matrix) and the buffer was released after the gate's read."""
+    rows of the output's [R, sr] matrix) and the buffer was released after the gate's read.
+    The consumer does not wait for the copy here: see ``STORE_DRAIN``."""
     *lines, per_element = store
     return [*lines,
             "if O_TMA:  # the rows by TMA through the Q buffer (_tma_store_lines)",
@@ -831,11 +833,23 @@ def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
             f"    o_buf.store(({value}).to(out_desc.dtype))",
             "    fence_async_shared()",
             f"    {tma_store}(out_desc, [out_row + WG * BM, out_col], o_buf)",
-            "    tma.store_wait(0)",
-            "    if QB > 1:",
-            "        mbarrier.arrive(q_empty.index(qb), count=1)",
             "else:",
             f"    {per_element}"]
+
+
+# _attend's lines after the item's first Q·Kᵀ is issued, where the output may leave by TMA
+# (_tma_store_lines): the previous item's copy has read its Q buffer (``cp.async.bulk.wait_group.read``),
+# which then goes back to the loader. Waiting right after the copy, before the next item, cost
+# 1.5 % at B=8 and 2.6 % at B=32 on the Evoformer (benchmarks/NOTES.md, twenty-sixth session). Every
+# item of this consumer stored by TMA (O_TMA: M is a multiple of the CTA's rows, so no consumer
+# only passes an item), so the item before it left one copy; the consumer's last copy is waited
+# for after its walk (``_consumer{wg}``), before the CTA's shared memory can be reused.
+STORE_DRAIN = """
+    if len(o_bufs.type.shape) == 3:  # O_TMA: the previous item's rows left by TMA (STORE_DRAIN)
+        if QB > 1:
+            if it > 0:
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index((it + QB - 1) % QB), count=1)"""
 
 
 # The layout in which a consumer's 4 warps read and rewrite their [64, D] Q tile: 16 bytes a thread.
@@ -1080,7 +1094,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     mbarrier.wait(k_ready.index(t % NBUF), (t // NBUF) & 1)
     _take_turn(turns, t + it, WG, PINGPONG)
     s = warpgroup_mma(q, k_bufs.index({streams.k_first}).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    _pass_turn(turns, WG, PINGPONG)
+    _pass_turn(turns, WG, PINGPONG){store_drain}
     s = warpgroup_mma_wait(0, deps=(s, ))
     {first_score}
     m = gl.max(x, axis=1) * {k}
