@@ -23,7 +23,8 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
   row for all the item's rows; an output gate in Q's dtype (``GluonPlan.gates``) is read by a
   second loader warp into the item's Q buffers once the item's last ``Q·Kᵀ`` has completed, for
   the epilogue, and the consumers then store the output through those buffers by TMA
-  (``GluonPlan.store``, ``_tma_store_lines``);
+  (``GluonPlan.store``, ``_tma_store_lines``), each waiting for its copy at its next item
+  (``STORE_DRAIN``);
 * the key tiles a mask empties are never loaded: the tile range ``[lo_t, hi_t)`` comes from
   the same interval tests as emit's (``tile_range``), computed once per CTA before the
   warps split (``_work``), and every visited tile evaluates the masks;
@@ -873,7 +874,7 @@ def _gate_lines(gates, tma_load: str, common: str, kept_for_store: bool = False)
     waits for them (``g_ready``) and then releases the buffers (``q_empty``). The K/V loader never
     waits for them (as its one warp, measured 7 % slower: benchmarks/NOTES.md). Without a gate
     the Q buffers are released at the last ``Q·Kᵀ``; with ``kept_for_store`` the epilogue keeps them
-    for the output's TMA store (_tma_store_lines releases them)."""
+    for the output's TMA store (STORE_DRAIN releases them)."""
     if not gates:
         return dict(gate_fns="", extra_worker="", extra_warps="", extra_regs="", pass_release="q_empty", pass_end="",
                     gate_read="", gate_alloc="", attend_release="    if QB > 1:\n        mbarrier.arrive(q_empty.index(qb), "
