@@ -10,12 +10,17 @@ for register pressure that needs no GPU (the GPU machine's Triton may bundle ano
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
 ``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py);
 ``--dv DV`` gives V a head dim other than Q's and K's D (differential attention's V is 2·DV wide);
-STREAMS 2 compiles a two-stream region's configuration, CONSUMER_ROWS 128 one whose consumers own 128 rows each."""
+STREAMS 2 compiles a two-stream region's configuration, CONSUMER_ROWS 128 one whose consumers own 128 rows each.
+``python tests/gluon_compile.py --serve`` answers such checks one per line of stdin (``serve``)."""
+import contextlib
+import io
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import traceback
 
 import torch
 import triton
@@ -27,7 +32,7 @@ from fxflash.codegen import gluon_launch
 from fxflash.codegen.cache import load_kernel
 from fxflash.codegen.gluon import emit_gluon, refusal, register_budget, shared_bytes
 from fxflash.variants import VARIANTS, Shape
-from helpers import TRITON_TYPES as TYPES, region_and_kinds
+from helpers import REPLY, TRITON_TYPES as TYPES, region_and_kinds
 
 
 
@@ -110,10 +115,42 @@ def spills(ptx: str) -> str:
     return f"spills {found.group(1)}/{found.group(2)} bytes stored/loaded" if found else "spills unknown"
 
 
-if __name__ == "__main__":
-    os.environ.pop("TRITON_INTERPRET", None)
-    argv = sys.argv[1:]
+def run(argv: list) -> None:
+    """One compile check from its command line (the module docstring's)."""
+    argv = list(argv)
     edit = argv.pop(argv.index("--edit") + 1) if "--edit" in argv else None
     dv = int(argv.pop(argv.index("--dv") + 1)) if "--dv" in argv else None
     argv = [a for a in argv if a not in ("--edit", "--dv")]
     main(argv[0], argv[1], *(int(a) for a in argv[2:]), edit=edit, dv=dv)
+
+
+def serve() -> None:
+    """``--serve``: one check per line of stdin (JSON: ``argv`` as above, ``settings`` as
+    ``{"FXFLASH_GLUON_TMA_TILES": "0"}``, applied to fxflash.config for that check only), each
+    answered by one line on stdout that begins with ``REPLY`` (JSON: its report, or the error's traceback) — the
+    checks of a test session share one process, which imports torch and Triton once."""
+    from fxflash.config import config
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        saved, report = {}, io.StringIO()
+        try:
+            for name, value in job["settings"].items():
+                field = name.removeprefix("FXFLASH_").lower()
+                saved[field] = getattr(config, field)  # an unknown setting is an error, not ignored
+                assert isinstance(saved[field], bool), f"{name} is not an on/off setting"
+                setattr(config, field, value != "0")
+            with contextlib.redirect_stdout(report):
+                run(job["argv"])
+            reply = {"stdout": report.getvalue(), "error": None}
+        except Exception:
+            reply = {"stdout": report.getvalue(), "error": traceback.format_exc()}
+        finally:
+            for field, value in saved.items():
+                setattr(config, field, value)
+        print(REPLY + json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    serve() if sys.argv[1:] == ["--serve"] else run(sys.argv[1:])

@@ -1,6 +1,9 @@
 """Shared helpers: capture + analyse a function, find nodes by op."""
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +17,8 @@ from fxflash.capture import capture
 from fxflash.codegen.gluon import gluon_api
 from fxflash.patterns import find_chains
 from fxflash.patterns.region import build_region
+
+REPLY = "@@gluon_compile "  # how gluon_compile.serve's answers begin among other lines on its stdout
 
 
 def analysed(fn, *args, **kwargs):
@@ -40,17 +45,44 @@ needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no
 def compile_for_hopper(name, dtype, d, tile, edit=None, dv=None, **settings) -> str:
     """tests/gluon_compile.py's report of ``name``'s Gluon kernel with configuration ``tile`` (hand
     edit ``edit`` of probe_gluon_edits applied, if given; V's head dim ``dv`` if not ``d``),
-    compiled for sm_90 in a process of its own (without TRITON_INTERPRET) with the environment
-    ``settings``."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(settings)
-    here = os.path.dirname(__file__)
-    done = subprocess.run([sys.executable, os.path.join(here, "gluon_compile.py"), *(["--edit", edit] if edit else []),
-                           *(["--dv", str(dv)] if dv else []),
-                           name, dtype, str(d), *map(str, tile)], cwd=here, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and f"compiled {name}" in done.stdout, done.stderr[-3000:]
-    return done.stdout
+    compiled for sm_90 without TRITON_INTERPRET, with the on/off ``settings`` (environment names:
+    ``FXFLASH_GLUON_TMA_TILES="0"``) — by one ``gluon_compile.py --serve`` process that the test
+    session's checks share (each started its own, 3–4 s of imports apiece)."""
+    argv = [*(["--edit", edit] if edit else []), *(["--dv", str(dv)] if dv else []), name, dtype, str(d), *map(str, tile)]
+    server = _compile_server()
+    server.stdin.write(json.dumps({"argv": argv, "settings": settings}) + "\n")
+    server.stdin.flush()
+    reader = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        reply = reader.submit(_reply_of, server).result(timeout=600)
+    except concurrent.futures.TimeoutError:
+        server.kill()  # the next check starts another
+        raise
+    finally:
+        reader.shutdown(wait=False)
+    assert reply["error"] is None and f"compiled {name}" in reply["stdout"], reply["error"]
+    return reply["stdout"]
+
+
+_SERVER: list = []  # the session's gluon_compile.py --serve process
+
+
+def _compile_server() -> subprocess.Popen:
+    if not _SERVER or _SERVER[0].poll() is not None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        _SERVER[:] = [subprocess.Popen([sys.executable, os.path.join(here, "gluon_compile.py"), "--serve"], cwd=here,
+                                       env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)]
+        atexit.register(_SERVER[0].stdin.close)  # its loop ends with its input
+    return _SERVER[0]
+
+
+def _reply_of(server: subprocess.Popen) -> dict:
+    """The server's next answer (other lines on its stdout, Triton's or torch's, skipped)."""
+    for line in server.stdout:
+        if line.startswith(REPLY):
+            return json.loads(line[len(REPLY):])
+    raise RuntimeError(f"gluon_compile.py --serve exited ({server.wait()}) without an answer; its stderr is above")
 
 
 def nodes_with(gm, op_packet):
