@@ -38,7 +38,7 @@ from tile_sweep import add_case_options, case_of  # noqa: E402
 
 def _sub(pattern: str, repl, source: str, count: int = 0) -> str:
     out, n = re.subn(pattern, repl, source, count=count, flags=re.M)
-    if n == 0:
+    if n == 0 or out == source:  # no match, or only matches the rewrite leaves as they were
         raise ValueError(f"edit found nothing to change: {pattern!r}")
     return out
 

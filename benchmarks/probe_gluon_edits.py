@@ -17,7 +17,8 @@ wrong in 4 of 10 calls). ``without:x1,x3`` replaces the named loads by 0.0 — i
 measures an upper bound, what those loads cost. The ``bias_*`` edits move the score's per-element
 loads: print the kernel with ``--per-element-loads`` (config.gluon_tma_tiles off; with it on, a
 [rows, keys] tile arrives by TMA instead, which is what the probe's measurements led to; the mask
-bias's [1, keys] vector too unless ``FXFLASH_GLUON_TMA_KEY_VECTORS=0``). Cases are the suite's shapes
+bias's [1, keys] vector too unless ``FXFLASH_GLUON_TMA_KEY_VECTORS=0``; the edits that name the mask
+bias's load ``x1`` were written for the bias eager computes: ``FXFLASH_VECTOR_PRODUCERS=0``). Cases are the suite's shapes
 (``tile_sweep.case_of``). What wins is then built into codegen as a rule, with tests.
 """
 from __future__ import annotations

@@ -35,6 +35,10 @@ class Config:
     full_tiles:      with block sparsity, visit the key tiles that every mask keeps in a loop of
                      their own with the masks folded away; ``FXFLASH_FULL_TILES=0`` evaluates
                      the masks on every visited tile (for A/B measurements).
+    vector_producers: compute in the kernel the elementwise ops (through views) whose value a
+                     tile reads as a vector of keys or rows (the Evoformer's mask bias
+                     ``INF·(mask − 1)``: emit's vector_producer), instead of loading what eager's
+                     kernels for them wrote; ``FXFLASH_VECTOR_PRODUCERS=0`` loads it (for A/B).
     fold_scale:      carry a positive constant factor of the scores (``s / √d``) past max and
                      into the exp2 multiply-add instead of multiplying every score by it
                      (rules.POSITIVE_SCALE); ``FXFLASH_FOLD_SCALE=0`` multiplies (for A/B).
@@ -108,6 +112,7 @@ class Config:
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"
+    vector_producers: bool = os.environ.get("FXFLASH_VECTOR_PRODUCERS", "1") != "0"
     fold_scale: bool = os.environ.get("FXFLASH_FOLD_SCALE", "1") != "0"
     fold_scale_add: bool = os.environ.get("FXFLASH_FOLD_SCALE_ADD", "1") != "0"
     row_reciprocal: bool = os.environ.get("FXFLASH_ROW_RECIPROCAL", "1") != "0"

@@ -89,13 +89,15 @@ def test_only_a_part_is_measured_again(tmp_path):
     assert kept == [("causal", "4096"), ("evoformer_row", "256")]
 
 
-def test_probe_edits_keep_each_kernel_s_result():
+def test_probe_edits_keep_each_kernel_s_result(monkeypatch):
     """Each of probe_edits' hand edits of a printed kernel computes what the printed kernel
     computes (interpreter, fp32), on the Evoformer's kernel and on differential attention's
     (two score streams), wherever it applies, and applies to one of them at least: the probe
     compares timings of equal programs. An edit that stands for one of several programs
     (``half_dv``) computes its part: the first half of each head's Dv (both outputs end in
-    the head dim). Edits in inline PTX (``gpu_only``) are only checked to apply."""
+    the head dim). Edits in inline PTX (``gpu_only``) are only checked to apply. The kernels are
+    printed as the edits were written for them: the Evoformer's mask bias computed by eager and
+    loaded (config.vector_producers off)."""
     import torch
 
     import fxflash
@@ -104,6 +106,7 @@ def test_probe_edits_keep_each_kernel_s_result():
 
     import probe_edits
 
+    monkeypatch.setattr(fxflash.config, "vector_producers", False)
     g = torch.Generator().manual_seed(0)
     B, N_seq, S, H, D = 1, 3, 40, 2, 16
     evo = (*(torch.randn(B, N_seq, S, H, D, generator=g) for _ in range(3)),
@@ -158,7 +161,8 @@ def test_probe_core_loop_switches_keep_attention():
 
 # probe_gluon_edits' hand edits, each with a kernel it was measured on (variant, Gluon tile, head
 # dim, and whether the score's tiles and the gate come by TMA: config.gluon_tma_tiles; the mask
-# bias per element, as before config.gluon_tma_key_vectors: bias_ahead moves that load)
+# bias computed by eager and loaded per element, as before config.vector_producers and
+# config.gluon_tma_key_vectors: bias_ahead moves that load)
 GLUON_EDITS = [
     ("hoist_key_linear", "alibi", (2, 128, 3, 0, 1), 64, False),
     ("magic_int_to_float", "alibi", (3, 128, 3, 0, 1), 64, True),
@@ -189,12 +193,12 @@ def _gluon_source(name: str, tma: bool = False, d: int = 64) -> str:
     from fxflash.variants import VARIANTS, Shape
 
     args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=d, Dv=d), torch.bfloat16)
-    settings = config.gluon_tma_tiles, config.gluon_tma_key_vectors
-    config.gluon_tma_tiles, config.gluon_tma_key_vectors = tma, False
+    settings = config.gluon_tma_tiles, config.gluon_tma_key_vectors, config.vector_producers
+    config.gluon_tma_tiles, config.gluon_tma_key_vectors, config.vector_producers = tma, False, False
     try:
         return emit_gluon(*region_and_kinds(VARIANTS[name].fn, *args)).source
     finally:
-        config.gluon_tma_tiles, config.gluon_tma_key_vectors = settings
+        config.gluon_tma_tiles, config.gluon_tma_key_vectors, config.vector_producers = settings
 
 
 @needs_gluon
@@ -211,7 +215,7 @@ def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
             probe_gluon_edits.edit_named(edit)(_gluon_source("vanilla", tma, d))
     assert probe_gluon_edits.edit_named(edit)(_gluon_source(variant, tma, d)) != _gluon_source(variant, tma, d)
     compiled = compile_for_hopper(variant, "bfloat16", d, tile, edit, FXFLASH_GLUON_TMA_TILES=str(int(tma)),
-                                  FXFLASH_GLUON_TMA_KEY_VECTORS="0")
+                                  FXFLASH_GLUON_TMA_KEY_VECTORS="0", FXFLASH_VECTOR_PRODUCERS="0")
     assert f"compiled {variant} edited by {edit}" in compiled, compiled
 
 

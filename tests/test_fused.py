@@ -339,6 +339,23 @@ def test_evoformer_gate_and_transposes_run_in_the_epilogue(name):
     assert_accurate(variant.fn, args, out)
 
 
+@pytest.mark.parametrize("name", ["evoformer_row", "evoformer_col"])
+@pytest.mark.parametrize("producers", [True, False])
+def test_the_mask_bias_is_computed_in_the_kernel_from_the_mask(name, producers, monkeypatch):
+    """The Evoformer's mask bias ``INF·(mask − 1)`` ([B, N_seq, 1, 1, S]), elementwise ops whose
+    value each tile reads as a vector of keys (emit's vector_producer), is computed by the kernel
+    from the mask: eager's kernels for it leave the rewritten graph. With
+    config.vector_producers off eager computes it and the kernel loads it. Accurate either way."""
+    monkeypatch.setattr(fxflash.config, "vector_producers", producers)
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES["odd"])
+    report = _fused_once(variant.fn, args, 1)
+    eager_ops = {n.target for n in report.rewritten.graph.nodes if n.op == "call_function"}
+    aten = torch.ops.aten
+    assert ({aten.sub.Tensor, aten.mul.Tensor} & eager_ops == set()) == producers, eager_ops
+    assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
+
+
 def test_quiet_softmax_of_a_fully_masked_row_is_zero_as_in_eager():
     def softmax_one(q, k, v, keep):
         s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))

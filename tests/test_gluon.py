@@ -264,12 +264,14 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
 
 
 @needs_gluon
-@pytest.mark.parametrize("tma, vectors", [(True, True), (True, False), (False, True)])
-def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, monkeypatch):
+@pytest.mark.parametrize("tma, vectors, producers", [(True, True, True), (True, True, False), (True, False, True),
+                                                     (False, True, True)])
+def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, producers, monkeypatch):
     """The Evoformer's pair bias ([B, 1, H, S, S]: a [rows, keys] tile per key tile) is read by the
     loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), with
-    config.gluon_tma_key_vectors its mask bias too ([B, N_seq, 1, 1, S]: one [1, keys] row per key
-    tile for all the item's rows, GluonPlan.vectors), and its gate ([B, N_seq, S, H, D], rows on axis
+    config.gluon_tma_key_vectors its mask bias too (one [1, keys] row per key tile for all the
+    item's rows, GluonPlan.vectors: the mask [B, N_seq, S], from which the kernel computes the
+    bias, config.vector_producers; with that off the bias [B, N_seq, 1, 1, S] that eager computed), and its gate ([B, N_seq, S, H, D], rows on axis
     2) by a second loader warp into the item's Q buffers once its last Q·Kᵀ is done
     (GluonPlan.gates), each located as Q's block is; with a setting off, those inputs are loaded per
     element. The consumers read the tiles and the gate with ordinary loads, so they release those
@@ -277,13 +279,15 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, monkeypatch):
     measured on the H200)."""
     monkeypatch.setattr(config, "gluon_tma_tiles", tma)
     monkeypatch.setattr(config, "gluon_tma_key_vectors", vectors)
+    monkeypatch.setattr(config, "vector_producers", producers)
     variant = VARIANTS["evoformer_row"]
     args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)
     plan = emit_gluon(*region_and_kinds(variant.fn, *args))
     shape = lambda i: tuple(plan.input_nodes[i].meta["val"].shape)  # noqa: E731
-    assert [shape(i) for i in plan.tiles] == [tuple(args[3].shape[:2]) + (1, 1, 256)] * (tma and vectors) + \
-        [tuple(args[4].shape)] * tma
-    assert [shape(i) for i in plan.vectors] == [tuple(args[3].shape[:2]) + (1, 1, 256)] * (tma and vectors)
+    vector = tuple(args[3].shape) if producers else tuple(args[3].shape[:2]) + (1, 1, 256)
+    assert [shape(i) for i in plan.tiles] == [vector] * (tma and vectors) + [tuple(args[4].shape)] * tma
+    assert [shape(i) for i in plan.vectors] == [vector] * (tma and vectors)
+    assert ("(x1 - 1)" in plan.source) == producers  # INF·(mask − 1) computed by the kernel
     assert ("tile0_bufs = gl.allocate_shared_memory(tile0_desc.dtype, [NBUF, 1, BLOCK_N]" in plan.source) == (tma and vectors)
     gates = [(shape(i), axis) for i, axis in plan.gates]
     assert gates == ([(tuple(args[5].shape), 2)] if tma else [])

@@ -35,6 +35,10 @@ from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
 DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
+# views that _Printer.vector_producer looks through (layout_source_idx maps their indices
+# without side effects)
+VECTOR_VIEWS = {aten.unsqueeze, aten.squeeze, aten.view, aten._unsafe_view, aten.expand, aten.permute, aten.transpose,
+                aten.clone, aten.alias, aten.contiguous, aten.detach}
 KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 # The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
@@ -272,7 +276,7 @@ class _Printer:
         key = (node, idx, self.in_epilogue)
         if key in self.memo:
             return self.memo[key]
-        computed = self.kinds.get(node) is OpKind.INDEX or self.inlinable(node)
+        computed = self.kinds.get(node) is OpKind.INDEX or self.inlinable(node) or self.vector_producer(node, idx)
         try:
             value = self.index_expr(node, idx) if computed else self.load(node, idx)
         except Unprintable:
@@ -300,6 +304,23 @@ class _Printer:
                                    or self.feeds_output_op_alone(node))
         self.inline_memo[node] = ok
         return ok
+
+    def vector_producer(self, node: fx.Node, idx: tuple) -> bool:
+        """Is ``node`` an elementwise op (or a view of one, through VECTOR_VIEWS) that the tile
+        reads at ``idx`` as a vector — one value per row, per key or per output column, never
+        both (the Evoformer's mask bias ``INF·(mask − 1)``, ``[B, N_seq, 1, 1, S]``)? Then the
+        kernel computes it on that vector from its inputs, a few ops per key tile, and eager's
+        kernels for it (one per op, the result written and read back) go."""
+        used = " ".join(e for e in idx if e)
+        if not config.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1 or node.op != "call_function":
+            return False
+        kind, p = self.kinds.get(node), packet(node.target)
+        if kind is OpKind.LAYOUT and p in VECTOR_VIEWS and isinstance(node.args[0], fx.Node):
+            try:
+                return self.vector_producer(node.args[0], self.layout_source_idx(node, idx))
+            except Unprintable:  # a reshape that moves index expressions
+                return False
+        return kind is OpKind.ELEMENTWISE and p in PRINTERS and isinstance(node.meta.get("val"), torch.Tensor)
 
     def feeds_output_op_alone(self, node: fx.Node) -> bool:
         """An elementwise op whose only use is an output op (the gate's sigmoid): computed in

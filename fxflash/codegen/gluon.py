@@ -469,6 +469,11 @@ class GluonPlan:
 INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
 
 
+def _batch_axes(idx: tuple) -> bool:
+    """Are these index expressions batch indices (``fb0``, …) or broadcasts (None) only?"""
+    return all(e is None or re.fullmatch(r"fb\d+", e) for e in idx)
+
+
 class _GluonPrinter(_Printer):
     """emit's printer with one change for the Gluon kernel (config.gluon_tma_tiles): a [rows,
     keys] tile of a 16-bit tensor input of the score (the Evoformer's pair bias) is not loaded
@@ -489,9 +494,10 @@ class _GluonPrinter(_Printer):
             return self.place(f"gate0.to({compute_dtype(node.meta['val'].dtype)})", False, "x")
         if not self.is_tma_tile(node, idx):
             return super().load(node, idx)
-        i = self.tensor_input(node)
-        _, batch = self.input_address(node, idx[:-2] + (None, None))  # the batch item's offset, int64
-        self.tiles.append((i, f"in{i}_s{len(idx) - 2}", batch, idx[-2] is None))
+        i, vector = self.tensor_input(node), idx[-2] != ROW
+        # the batch item's offset (int64): of its row of keys, or of its [rows, keys] block
+        _, batch = self.input_address(node, idx[:-1] + (None,) if vector else idx[:-2] + (None, None))
+        self.tiles.append((i, f"in{i}_s{len(idx) - 2}", batch, vector))
         return self.place(f"tile{len(self.tiles) - 1}.to({compute_dtype(node.meta['val'].dtype)})", True, "x")
 
     def is_tma_tile(self, node: fx.Node, idx: tuple) -> bool:
@@ -499,15 +505,16 @@ class _GluonPrinter(_Printer):
         loader fills each stream's K buffers), the score's (not the epilogue's),
         its last two axes the rows and the keys, every other axis a batch index or broadcast,
         16-bit, traced with contiguous keys and rows apart (not a row broadcast by ``expand``);
-        or with config.gluon_tma_key_vectors a [1, keys] vector of the same kind, one row for all
-        the item's rows (the Evoformer's mask bias, [B, N_seq, 1, 1, S]); launch_refusal checks
-        each launch's layout (TMA: the rows 16-byte aligned)."""
+        or with config.gluon_tma_key_vectors a vector of keys of the same kind, one row for all
+        the item's rows, every axis but the keys a batch index or broadcast (the Evoformer's mask
+        bias, [B, N_seq, 1, 1, S], or its mask [B, N_seq, S] where the kernel computes the bias:
+        emit's vector_producer); launch_refusal checks each launch's layout (TMA: the rows 16-byte
+        aligned)."""
         val = node.meta["val"]
-        rows = idx[-2:] == (ROW, COL) or (config.gluon_tma_key_vectors and idx[-2:] == (None, COL)
-                                          and val.shape[-2] == 1)
-        return (config.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2 and rows
-                and all(e is None or re.fullmatch(r"fb\d+", e) for e in idx[:-2])
-                and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
+        rows = idx[-2:] == (ROW, COL) and _batch_axes(idx[:-2])
+        vector = config.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1])
+        return (config.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2
+                and (rows or vector) and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
     def is_tma_gate(self, node: fx.Node, idx: tuple) -> bool:
         """Is ``node`` at ``idx`` an output gate TMA can read into the item's Q buffers (not with
