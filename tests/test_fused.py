@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fxflash
+from fxflash.codegen import emit
 from fxflash.patterns.rules import LN2, LOG2E
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
@@ -340,13 +341,17 @@ def test_evoformer_gate_and_transposes_run_in_the_epilogue(name):
 
 
 @pytest.mark.parametrize("name", ["evoformer_row", "evoformer_col"])
-@pytest.mark.parametrize("producers", [True, False])
-def test_the_mask_bias_is_computed_in_the_kernel_from_the_mask(name, producers, monkeypatch):
+@pytest.mark.parametrize("setting, limit", [(True, emit.VECTOR_PRODUCER_MAX_SCORES), (False, emit.VECTOR_PRODUCER_MAX_SCORES),
+                                            (True, 100)])
+def test_the_mask_bias_is_computed_in_the_kernel_from_the_mask(name, setting, limit, monkeypatch):
     """The Evoformer's mask bias ``INF·(mask − 1)`` ([B, N_seq, 1, 1, S]), elementwise ops whose
     value each tile reads as a vector of keys (emit's vector_producer), is computed by the kernel
     from the mask: eager's kernels for it leave the rewritten graph. With
-    config.vector_producers off eager computes it and the kernel loads it. Accurate either way."""
-    monkeypatch.setattr(fxflash.config, "vector_producers", producers)
+    config.vector_producers off, or on a frame of more than VECTOR_PRODUCER_MAX_SCORES scores
+    (here 100, below both frames), eager computes it and the kernel loads it. Accurate either way."""
+    monkeypatch.setattr(fxflash.config, "vector_producers", setting)
+    monkeypatch.setattr(emit, "VECTOR_PRODUCER_MAX_SCORES", limit)
+    producers = setting and limit > 100
     variant = VARIANTS[name]
     args = variant.inputs(SHAPES["odd"])
     report = _fused_once(variant.fn, args, 1)

@@ -35,6 +35,12 @@ from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
 DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
+# _Printer.vector_producer's limit on the region's frame (its number of scores). On an H100 the
+# Evoformer's mask bias computed in the kernel made B=1 (6.7·10⁷ scores) 34 % faster per call (two
+# eager launches fewer, in a host-bound call) and B=8 and 32 (5.4·10⁸, 2.1·10⁹) 1.3 % and 3.0 %
+# slower (two ops per key tile in every consumer thread cost more than eager's two small kernels;
+# benchmarks/NOTES.md, twenty-sixth session). The limit lies between; the crossover is not measured.
+VECTOR_PRODUCER_MAX_SCORES = 1 << 27
 # views that _Printer.vector_producer looks through (layout_source_idx maps their indices
 # without side effects)
 VECTOR_VIEWS = {aten.unsqueeze, aten.squeeze, aten.view, aten._unsafe_view, aten.expand, aten.permute, aten.transpose,
@@ -310,9 +316,11 @@ class _Printer:
         reads at ``idx`` as a vector — one value per row, per key or per output column, never
         both (the Evoformer's mask bias ``INF·(mask − 1)``, ``[B, N_seq, 1, 1, S]``)? Then the
         kernel computes it on that vector from its inputs, a few ops per key tile, and eager's
-        kernels for it (one per op, the result written and read back) go."""
+        kernels for it (one per op, the result written and read back) go — on frames of at most
+        VECTOR_PRODUCER_MAX_SCORES scores, where those launches cost more than the ops."""
         used = " ".join(e for e in idx if e)
-        if not config.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1 or node.op != "call_function":
+        if (not config.vector_producers or math.prod(self.frame_shape) > VECTOR_PRODUCER_MAX_SCORES
+                or sum(axis in used for axis in (ROW, COL, DVC)) > 1 or node.op != "call_function"):
             return False
         kind, p = self.kinds.get(node), packet(node.target)
         if kind is OpKind.LAYOUT and p in VECTOR_VIEWS and isinstance(node.args[0], fx.Node):
