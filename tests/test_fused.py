@@ -361,6 +361,20 @@ def test_the_mask_bias_is_computed_in_the_kernel_from_the_mask(name, setting, li
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
+def test_the_vector_producer_limit_reads_symbolic_sizes_without_a_guard():
+    """torch.compile with dynamic shapes hands emit symbolic frame sizes: the limit on vector
+    producers reads a size by its example value, or as over the limit where it has none, and
+    adds no guard (which would recompile the region at every other size)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    backed = env.create_symintnode(env.create_symbol(300, ConstantSource("n")), hint=300)
+    assert emit._size_hint(backed) == 300 and emit._size_hint(7) == 7
+    assert emit._size_hint(env.create_unbacked_symint()) > emit.VECTOR_PRODUCER_MAX_SCORES
+    assert not env.guards
+
+
 def test_quiet_softmax_of_a_fully_masked_row_is_zero_as_in_eager():
     def softmax_one(q, k, v, keep):
         s = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))

@@ -136,6 +136,15 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def _size_hint(size) -> int:
+    """A frame size as a number without a guard on it: a symbolic size (torch.compile with
+    dynamic shapes) by its example value, or as too large where it has none."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(size.node, "hint", None)
+    return int(hint) if hint is not None else VECTOR_PRODUCER_MAX_SCORES + 1
+
+
 class _Printer:
     def __init__(self, region: Region, name: str, dv_split: int = 1):
         self.r = region
@@ -314,13 +323,14 @@ class _Printer:
     def vector_producer(self, node: fx.Node, idx: tuple) -> bool:
         """Is ``node`` an elementwise op (or a view of one, through VECTOR_VIEWS) that the tile
         reads at ``idx`` as a vector — one value per row, per key or per output column, never
-        both (the Evoformer's mask bias ``INF·(mask − 1)``, ``[B, N_seq, 1, 1, S]``)? Then the
+        two of those (the Evoformer's mask bias ``INF·(mask − 1)``, ``[B, N_seq, 1, 1, S]``)? Then the
         kernel computes it on that vector from its inputs, a few ops per key tile, and eager's
         kernels for it (one per op, the result written and read back) go — on frames of at most
         VECTOR_PRODUCER_MAX_SCORES scores, where those launches cost more than the ops."""
         used = " ".join(e for e in idx if e)
-        if (not config.vector_producers or math.prod(self.frame_shape) > VECTOR_PRODUCER_MAX_SCORES
-                or sum(axis in used for axis in (ROW, COL, DVC)) > 1 or node.op != "call_function"):
+        if (not config.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1
+                or node.op != "call_function"
+                or math.prod(map(_size_hint, self.frame_shape)) > VECTOR_PRODUCER_MAX_SCORES):
             return False
         kind, p = self.kinds.get(node), packet(node.target)
         if kind is OpKind.LAYOUT and p in VECTOR_VIEWS and isinstance(node.args[0], fx.Node):
