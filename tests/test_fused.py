@@ -190,7 +190,7 @@ def test_one_kernel_source_serves_every_sequence_length():
     assert len(sources) == 1
 
 
-@pytest.mark.parametrize("name", ["sliding_window", "gqa_expand", "document_mask"])
+@pytest.mark.parametrize("name", ["sliding_window", "gqa_expand", "document_mask", "evoformer_row"])
 def test_torch_compile_dynamic_compiles_once_for_every_length(name):
     from fxflash.backend import recent_reports
 

@@ -137,7 +137,7 @@ def _pow2(n: int) -> int:
 
 
 def _size_hint(size) -> int:
-    """A frame size as a number without a guard on it: a symbolic size (torch.compile with
+    """A size or stride as a number without a guard on it: a symbolic one (torch.compile with
     dynamic shapes) by its example value, or as too large where it has none."""
     if isinstance(size, int):
         return size
@@ -1147,9 +1147,12 @@ def _scaled(name: str, operand) -> list:
 
 
 def _memory_order(val: torch.Tensor) -> tuple:
-    """Axes of ``val`` from the largest stride to the smallest: eager's layout of the result."""
+    """Axes of ``val`` from the largest stride to the smallest: eager's layout of the result.
+    Strides are read by their example values (_size_hint): a guard on them would specialize
+    torch.compile's dynamic sizes (the Evoformer recompiled at every length), and a dense
+    tensor's axis order does not change with its sizes."""
     strides = val.stride()
-    return tuple(sorted(range(val.dim()), key=lambda a: (-int(strides[a]), a)))
+    return tuple(sorted(range(val.dim()), key=lambda a: (-_size_hint(strides[a]), a)))
 
 
 def deferred_constant(p: Value, v_dtype: torch.dtype) -> tuple[str, float]:
