@@ -299,7 +299,7 @@ def no_release_fence(src: str) -> str:
 
 
 OUTPUT_STORE = re.compile(r"^( +)gl\.store\(out_ptr(.*), mask=(.*)\)\n", re.M)
-TMA_STORE_SWITCH = "len(o_bufs.type.shape) == 3"  # the epilogue's O_TMA and gluon.STORE_DRAIN's test
+TMA_STORE_SWITCH = "O_TMA: gl.constexpr = len(o_bufs.type.shape) == 3"  # defined once, by gluon.STORE_DRAIN
 
 
 def no_store(src: str) -> str:
@@ -308,7 +308,7 @@ def no_store(src: str) -> str:
     the per-element path taken instead (changes the result): what writing O costs."""
     m = _must(OUTPUT_STORE.search(src), "the epilogue's gl.store")
     src = src[:m.start()] + f"{m.group(1)}gl.store(out_ptr{m.group(2)}, mask=({m.group(3)}) & (M < 0))\n" + src[m.end():]
-    return src.replace(TMA_STORE_SWITCH, "False")
+    return src.replace(TMA_STORE_SWITCH, "O_TMA: gl.constexpr = False")
 
 
 def without(names: str):

@@ -303,6 +303,11 @@ class _Printer:
         self.memo[key] = value
         return value
 
+    def printable_elementwise(self, node: fx.Node) -> bool:
+        """Is ``node`` an elementwise op on tensors that the kernel can print (PRINTERS)?"""
+        return (node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor)
+                and self.kinds.get(node) is OpKind.ELEMENTWISE and packet(node.target) in PRINTERS)
+
     def inlinable(self, node: fx.Node) -> bool:
         """Is ``node`` an elementwise op that broadcasts smaller tensors up (``ids[:, None] ==
         ids[None, :]``), or an op on such a value? Then the kernel computes it per tile from
@@ -311,8 +316,7 @@ class _Printer:
             return self.inline_memo[node]
         val = node.meta.get("val")
         ok = False
-        if (node.op == "call_function" and isinstance(val, torch.Tensor)
-                and self.kinds.get(node) is OpKind.ELEMENTWISE and packet(node.target) in PRINTERS):
+        if self.printable_elementwise(node):
             inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             largest = max((a.meta["val"].numel() for a in inputs), default=0)
             ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs)
@@ -329,16 +333,15 @@ class _Printer:
         VECTOR_PRODUCER_MAX_SCORES scores, where those launches cost more than the ops."""
         used = " ".join(e for e in idx if e)
         if (not config.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1
-                or node.op != "call_function"
                 or math.prod(map(_size_hint, self.frame_shape)) > VECTOR_PRODUCER_MAX_SCORES):
             return False
-        kind, p = self.kinds.get(node), packet(node.target)
-        if kind is OpKind.LAYOUT and p in VECTOR_VIEWS and isinstance(node.args[0], fx.Node):
+        if (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
+                and packet(node.target) in VECTOR_VIEWS and isinstance(node.args[0], fx.Node)):
             try:
                 return self.vector_producer(node.args[0], self.layout_source_idx(node, idx))
             except Unprintable:  # a reshape that moves index expressions
                 return False
-        return kind is OpKind.ELEMENTWISE and p in PRINTERS and isinstance(node.meta.get("val"), torch.Tensor)
+        return self.printable_elementwise(node)
 
     def feeds_output_op_alone(self, node: fx.Node) -> bool:
         """An elementwise op whose only use is an output op (the gate's sigmoid): computed in

@@ -853,7 +853,8 @@ def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
 # only passes an item), so the item before it left one copy; the consumer's last copy is waited
 # for after its walk (``_consumer{wg}``), before the CTA's shared memory can be reused.
 STORE_DRAIN = """
-    if len(o_bufs.type.shape) == 3:  # O_TMA: the previous item's rows left by TMA (STORE_DRAIN)
+    O_TMA: gl.constexpr = len(o_bufs.type.shape) == 3  # the rows leave by TMA (_tma_store_lines)
+    if O_TMA:  # the previous item's rows left by TMA
         if QB > 1:
             if it > 0:
                 tma.store_wait(0)
@@ -908,8 +909,7 @@ def _gate_lines(gates, tma_load: str, common: str, kept_for_store: bool = False)
         attend_release="    mbarrier.arrive(q_free.index(qb), count=1)  # every Q·Kᵀ of this item has completed: the gate may come",
         gate_read=("\n    mbarrier.wait(g_ready.index(qb), (it // QB) & 1)"
                    "\n    gate0 = q_bufs.index(qb * CONSUMERS + WG).load(o_layout)"
-                   + ("\n    O_TMA: gl.constexpr = len(o_bufs.type.shape) == 3  # the rows leave by TMA (_tma_store_lines)"
-                      "\n    if not O_TMA:\n        if QB > 1:\n            _release(q_empty.index(qb), True)"
+                   + ("\n    if not O_TMA:\n        if QB > 1:\n            _release(q_empty.index(qb), True)"
                       if kept_for_store else "\n    if QB > 1:\n        _release(q_empty.index(qb), True)")),
         gate_alloc=("\n    g_ready = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
                     "\n    q_free = gl.allocate_shared_memory(gl.int64, [QB, 1], mbarrier.MBarrierLayout())"
