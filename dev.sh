@@ -2,7 +2,9 @@
 # One entry point for newcomers and CI:  ./dev.sh demo  |  ./dev.sh test [pytest args]
 # Creates .venv on first use and installs what the command needs. A torch >= 2.11 already
 # in .venv is kept (install your CUDA build there first on a GPU machine); otherwise the
-# CPU build torch==2.13.0 is installed.
+# CPU build torch==2.13.0 is installed. FXFLASH_VENV names another venv; FXFLASH_TORCH pins
+# the torch version installed there and FXFLASH_PIP_EXTRA adds requirements beside it
+# (.ci/run's leg on the oldest supported torch).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -10,7 +12,10 @@ VENV=${FXFLASH_VENV:-.venv}
 
 setup() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  if ! "$VENV/bin/python" - <<'PYEOF' 2>/dev/null
+  if [ -n "${FXFLASH_TORCH:-}" ]; then
+    # shellcheck disable=SC2086  # FXFLASH_PIP_EXTRA: several requirements, split on spaces
+    "$VENV/bin/pip" install -q "torch==$FXFLASH_TORCH" ${FXFLASH_PIP_EXTRA:-}
+  elif ! "$VENV/bin/python" - <<'PYEOF' 2>/dev/null
 import torch, sys
 major, minor = (int(x) for x in torch.__version__.split(".")[:2])
 sys.exit(0 if (major, minor) >= (2, 11) else 1)

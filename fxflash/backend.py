@@ -42,7 +42,10 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
     """Trace Dynamo's graph to the decomposed, functional ATen graph (flat outputs).
 
     With ``dynamic=True`` the example inputs are fake tensors with symbolic sizes (and SymInt
-    inputs): the graph is traced inside Dynamo's own fake mode, so the sizes stay symbolic."""
+    inputs): the graph is traced inside Dynamo's own fake mode, so the sizes stay symbolic, and
+    with PyTorch's Python dispatcher on, so that composite ops run their Python forms, which keep
+    sizes symbolic. (Torch 2.11's C++ ``matmul`` reads every size of its operands as an integer:
+    a guard on each: one compile per sequence length.)"""
     from torch._subclasses.fake_tensor import FakeTensor
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -55,8 +58,10 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
 
         with tracing(None):
             return capture(lambda *xs: gm(*xs), tuple(example_inputs))
+    from torch._dispatch.python import enable_python_dispatcher
+
     fake_mode = modes[0]
-    with fake_mode:
+    with fake_mode, enable_python_dispatcher():
         return capture(lambda *xs: gm(*xs), tuple(fakes), modes=("real",))
 
 

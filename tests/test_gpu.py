@@ -90,13 +90,21 @@ def test_memory_stays_linear_in_sequence_length():
     assert extra < scores / 16, f"{extra / 2**20:.1f} MiB beyond the inputs"
 
 
-def test_torch_compile_dynamic_on_gpu():
+@pytest.mark.parametrize("name,dtype,lengths", [("sliding_window", torch.float16, (128, 300)),
+                                                ("evoformer_row", torch.bfloat16, (128, 256, 384))])
+def test_torch_compile_dynamic_on_gpu(name, dtype, lengths):
+    """One compile serves every length (Inductor compiling the rest of the graph), each accurate."""
+    from fxflash.backend import recent_reports
+
     torch._dynamo.reset()
-    variant = VARIANTS["sliding_window"]
+    recent_reports.clear()
+    variant = VARIANTS[name]
     compiled = torch.compile(variant.fn, backend="fxflash", dynamic=True)
-    for n in (128, 300):
-        args = variant.inputs(Shape(B=1, H=4, Hkv=4, M=n, N=n, D=64, Dv=64), torch.float16, "cuda")
+    for n in lengths:
+        args = variant.inputs(Shape(B=2, H=4, Hkv=4, M=n, N=n, D=64, Dv=64), dtype, "cuda")
         assert_accurate(variant.fn, args, compiled(*args))
+    assert len(recent_reports) == 1
+    assert all(r.fused for r in recent_reports[0].regions)
 
 
 @pytest.mark.parametrize("name,n", [("causal", 1000), ("sliding_window", 1000), ("prefix_lm", 1000),
