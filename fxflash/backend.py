@@ -44,8 +44,8 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
     With ``dynamic=True`` the example inputs are fake tensors with symbolic sizes (and SymInt
     inputs): the graph is traced inside Dynamo's own fake mode, so the sizes stay symbolic, and
     with PyTorch's Python dispatcher on, so that composite ops run their Python forms, which keep
-    sizes symbolic. (Torch 2.11's C++ ``matmul`` reads every size of its operands as an integer:
-    a guard on each: one compile per sequence length.)"""
+    sizes symbolic (torch 2.11's C++ ``matmul`` reads every size of its operands as an integer, a
+    guard on each, and each sequence length compiled anew)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
