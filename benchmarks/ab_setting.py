@@ -5,7 +5,7 @@
 
 For each case (the softmax suite's shapes: bf16, 16 heads, head dim 64, batch × seqlen = 16k
 tokens; for other variants, the ``beyond`` suite's configs of head dim ``--head-dim`` at
-``--seqlens``, the Evoformer's at its own sizes: ``bench_attention.beyond_cases``, which also
+``--seqlens``, the Evoformer's at its own sizes (batch ``--batches``): ``bench_attention.beyond_cases``, which also
 times ``diff_attention_chunked`` as ``diff_attention``) fxflash is compiled twice, with the
 ``fxflash.config`` settings all False (A) and all True (B), each autotuned as usual; then A
 and B are timed alternately ``--rounds`` times (``bench_attention.medians``: do_bench
@@ -27,7 +27,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import SUITES, beyond_cases, case, check, flex_api, medians  # noqa: E402
+from bench_attention import EVOFORMER_BATCHES, SUITES, beyond_cases, case, check, flex_api, medians  # noqa: E402
 
 import fxflash  # noqa: E402
 from fxflash.codegen import tuning  # noqa: E402
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["vanilla"])
     parser.add_argument("--seqlens", nargs="+", type=int, default=[4096])
     parser.add_argument("--head-dim", type=int, default=64, help="beyond suite: the configs of this head dim")
+    parser.add_argument("--batches", nargs="+", type=int, default=list(EVOFORMER_BATCHES),
+                        help="the Evoformer's batch sizes (N_seq = S = 256, 4 heads)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pin", help="a tile configuration for both sides, comma-separated (default: the tuner's)")
     parser.add_argument("--out", default=None)
@@ -115,7 +117,7 @@ def cases(opts, flex):
             if name not in SUITES["softmax"]:  # the beyond suite's, and its other variants (beyond_cases)
                 if name.startswith("evoformer") and S != opts.seqlens[0]:
                     continue  # its sizes are its own: once
-                for fields, fn, args, _ in beyond_cases(name, [S], "cuda", torch.bfloat16):
+                for fields, fn, args, _ in beyond_cases(name, [S], "cuda", torch.bfloat16, batches=opts.batches):
                     if fields["D"] == opts.head_dim:
                         yield name, fields, fn, args, fn(*args)
                 continue
