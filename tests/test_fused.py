@@ -370,8 +370,8 @@ def test_the_vector_producer_limit_reads_symbolic_sizes_without_a_guard():
 
     env = ShapeEnv()
     backed = env.create_symintnode(env.create_symbol(300, ConstantSource("n")), hint=300)
-    assert emit._size_hint(backed) == 300 and emit._size_hint(7) == 7
-    assert emit._size_hint(env.create_unbacked_symint()) > emit.VECTOR_PRODUCER_MAX_SCORES
+    assert emit._size_hint(backed, 0) == 300 and emit._size_hint(7, 0) == 7
+    assert emit._frame_scores([env.create_unbacked_symint()]) > emit.VECTOR_PRODUCER_MAX_SCORES
     assert not env.guards
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 
 import torch
 import torch.fx as fx
@@ -137,13 +138,19 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _size_hint(size) -> int:
+def _size_hint(size, unknown: int) -> int:
     """A size or stride as a number without a guard on it: a symbolic one (torch.compile with
-    dynamic shapes) by its example value, or as too large where it has none."""
+    dynamic shapes) by its example value, ``unknown`` where it has none."""
     if isinstance(size, int):
         return size
     hint = getattr(size.node, "hint", None)
-    return int(hint) if hint is not None else VECTOR_PRODUCER_MAX_SCORES + 1
+    return int(hint) if hint is not None else unknown
+
+
+def _frame_scores(frame) -> int:
+    """The number of scores of a frame, for VECTOR_PRODUCER_MAX_SCORES: symbolic sizes by their
+    example values (no guard), a size without one as over the limit."""
+    return math.prod(_size_hint(s, VECTOR_PRODUCER_MAX_SCORES + 1) for s in frame)
 
 
 class _Printer:
@@ -334,7 +341,7 @@ class _Printer:
         VECTOR_PRODUCER_MAX_SCORES scores, where those launches cost more than the ops."""
         used = " ".join(e for e in idx if e)
         if (not config.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1
-                or math.prod(map(_size_hint, self.frame_shape)) > VECTOR_PRODUCER_MAX_SCORES):
+                or _frame_scores(self.frame_shape) > VECTOR_PRODUCER_MAX_SCORES):
             return False
         if (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
                 and packet(node.target) in VECTOR_VIEWS and isinstance(node.args[0], fx.Node)):
@@ -1154,9 +1161,10 @@ def _memory_order(val: torch.Tensor) -> tuple:
     """Axes of ``val`` from the largest stride to the smallest: eager's layout of the result.
     Strides are read by their example values (_size_hint): a guard on them would specialize
     torch.compile's dynamic sizes (the Evoformer recompiled at every length), and a dense
-    tensor's axis order does not change with its sizes."""
+    tensor's axis order does not change with its sizes. A stride without one sorts first, ties in
+    axis order."""
     strides = val.stride()
-    return tuple(sorted(range(val.dim()), key=lambda a: (-_size_hint(strides[a]), a)))
+    return tuple(sorted(range(val.dim()), key=lambda a: (-_size_hint(strides[a], sys.maxsize), a)))
 
 
 def deferred_constant(p: Value, v_dtype: torch.dtype) -> tuple[str, float]:
