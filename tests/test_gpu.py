@@ -90,6 +90,24 @@ def test_memory_stays_linear_in_sequence_length():
     assert extra < scores / 16, f"{extra / 2**20:.1f} MiB beyond the inputs"
 
 
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
+@pytest.mark.parametrize("name", FUSED_VARIANTS)
+def test_torch_compile_on_gpu(name, inner):
+    """torch.compile(backend="fxflash") on the GPU machines' torch (2.11, the oldest supported;
+    CI's CPU runs are on 2.13): one compile, every region fused, accurate, with eager or
+    Inductor running what is not fused."""
+    from fxflash.backend import recent_reports
+
+    torch._dynamo.reset()
+    recent_reports.clear()
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")
+    compiled = torch.compile(variant.fn, backend="fxflash", options={"inner": inner})
+    assert_accurate(variant.fn, args, compiled(*args))
+    assert len(recent_reports) == 1
+    assert all(r.fused for r in recent_reports[0].regions), [r.reason for r in recent_reports[0].regions]
+
+
 @pytest.mark.parametrize("name,dtype,lengths", [("sliding_window", torch.float16, (128, 300)),
                                                 ("evoformer_row", torch.bfloat16, (128, 256, 384))])
 def test_torch_compile_dynamic_on_gpu(name, dtype, lengths):
