@@ -59,15 +59,46 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
     return report
 
 
+# Triton interpreters that cannot run a kernel beside a NumPy release, as
+# (first Triton whose interpreter can, first NumPy that breaks it, what breaks): Triton 3.6's
+# interpreter takes int() of a one-element array where a kernel uses a scalar as an index
+# (3.7 squeezes it first), which NumPy 2.4 made an error after its deprecation in 1.25.
+INTERPRETER_CONFLICTS = [
+    ((3, 7), (2, 4), "Triton's interpreter before 3.7 fails on NumPy 2.4 and later ('only 0-dimensional "
+                     "arrays can be converted to Python scalars')"),
+]
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as '3.6.0' or '2.4.0rc1'."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def interpreter_conflict() -> str:
+    """Why Triton's interpreter cannot run kernels beside the installed NumPy, or ''."""
+    import numpy
+    import triton
+
+    triton_release, numpy_release = _release(triton.__version__), _release(numpy.__version__)
+    for fixed_in, broken_from, why in INTERPRETER_CONFLICTS:
+        if triton_release < fixed_in and numpy_release >= broken_from:
+            return (f"{why}: Triton {triton.__version__}, NumPy {numpy.__version__}; install "
+                    f"numpy<{'.'.join(map(str, broken_from))} or triton>={'.'.join(map(str, fixed_in))}")
+    return ""
+
+
 def _check_device(region) -> None:
     device = region.output.meta["val"].device
-    if device.type == "cuda" or interpreting():
-        return
-    raise FusionRefused(
-        "device", region.output,
-        f"tensors on {device.type} run eagerly: fused kernels need a CUDA GPU, or Triton's interpreter "
-        "(TRITON_INTERPRET=1 set before triton is imported)",
-    )
+    if device.type != "cuda" and not interpreting():
+        raise FusionRefused(
+            "device", region.output,
+            f"tensors on {device.type} run eagerly: fused kernels need a CUDA GPU, or Triton's interpreter "
+            "(TRITON_INTERPRET=1 set before triton is imported)",
+        )
+    conflict = interpreter_conflict() if interpreting() else ""
+    if conflict:
+        raise FusionRefused("interpreter", region.output, f"runs eagerly: {conflict}")
 
 
 @contextlib.contextmanager

@@ -169,6 +169,25 @@ def test_cpu_tensors_without_interpreter_run_eagerly(monkeypatch):
     assert not report.regions[0].fused and "device" in report.regions[0].reason
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's rule (CPU machines)")
+def test_interpreter_that_breaks_on_this_numpy_runs_eagerly(monkeypatch):
+    """Triton < 3.7's interpreter beside NumPy >= 2.4: refused by its rule, which says what to
+    install; the program runs as eager; a NumPy before 2.4 fuses."""
+    import numpy
+    import triton
+
+    variant = VARIANTS["vanilla"]
+    args = variant.inputs(SHAPES["odd"])
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.0")
+    (region,) = fxflash.explain(variant.fn, *args).regions
+    assert not region.fused and region.rule == "interpreter", region.reason
+    assert "numpy<2.4 or triton>=3.7" in region.reason
+    torch.testing.assert_close(fxflash.optimize(variant.fn)(*args), variant.fn(*args), rtol=0, atol=0)
+    monkeypatch.setattr(numpy, "__version__", "2.3.5")
+    assert fxflash.explain(variant.fn, *args).regions[0].fused
+
+
 @pytest.mark.parametrize("inner", ["eager", "inductor"])
 def test_torch_compile_runs_the_fused_kernel(inner):
     torch._dynamo.reset()
