@@ -35,19 +35,6 @@ from fxflash.codegen import tuning  # noqa: E402
 FIELDS = "setting,variant,B,H,S,D,a_ms,b_ms,b_over_a,device,torch,triton".split(",")
 
 
-@contextlib.contextmanager
-def settings_set(settings: list, value: bool):
-    """Each ``config.<setting> = value`` inside the block, restored after it."""
-    old = {s: getattr(fxflash.config, s) for s in settings}
-    for s in settings:
-        setattr(fxflash.config, s, value)
-    try:
-        yield
-    finally:
-        for s, v in old.items():
-            setattr(fxflash.config, s, v)
-
-
 def compiled_with(fn, args, settings: list, value: bool):
     """An optimized callable with each ``config.<setting> = value`` while it compiles, tunes and
     runs: settings read at each launch (``gluon``: which kernels the tuner may pick; a bound
@@ -55,7 +42,7 @@ def compiled_with(fn, args, settings: list, value: bool):
     fast = fxflash.optimize(fn)
 
     def call(*inputs):
-        with settings_set(settings, value):
+        with fxflash.config.overridden(**dict.fromkeys(settings, value)):
             return fast(*inputs)
 
     call(*args)

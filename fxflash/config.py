@@ -5,6 +5,7 @@ environment before import (``FXFLASH_CACHE_SIZE=16``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -133,6 +134,23 @@ class Config:
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )
+
+    @contextlib.contextmanager
+    def overridden(self, **values):
+        """The given settings inside the block, the previous ones restored after it (also on an
+        exception): ``with fxflash.config.overridden(gluon=False, block_sparsity=False): ...``."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise AttributeError(f"fxflash.config has no setting {', '.join(map(repr, unknown))}; its settings: "
+                                 f"{', '.join(f.name for f in dataclasses.fields(self))}")
+        previous = {name: getattr(self, name) for name in values}
+        for name, value in values.items():
+            setattr(self, name, value)
+        try:
+            yield self
+        finally:
+            for name, value in previous.items():
+                setattr(self, name, value)
 
 
 config = Config()

@@ -193,12 +193,8 @@ def _gluon_source(name: str, tma: bool = False, d: int = 64) -> str:
     from fxflash.variants import VARIANTS, Shape
 
     args = VARIANTS[name].inputs(Shape(B=2, H=4, Hkv=2, M=256, N=256, D=d, Dv=d), torch.bfloat16)
-    settings = config.gluon_tma_tiles, config.gluon_tma_key_vectors, config.vector_producers
-    config.gluon_tma_tiles, config.gluon_tma_key_vectors, config.vector_producers = tma, False, False
-    try:
+    with config.overridden(gluon_tma_tiles=tma, gluon_tma_key_vectors=False, vector_producers=False):
         return emit_gluon(*region_and_kinds(VARIANTS[name].fn, *args)).source
-    finally:
-        config.gluon_tma_tiles, config.gluon_tma_key_vectors, config.vector_producers = settings
 
 
 @needs_gluon

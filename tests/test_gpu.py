@@ -136,11 +136,8 @@ def test_tile_skipping_on_gpu_changes_nothing(name, n):
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=1 if n > 1000 else 2, H=2, Hkv=2, M=n, N=n, D=64, Dv=64), torch.bfloat16, "cuda")
     skipped = fxflash.optimize(variant.fn)(*args)
-    fxflash.config.block_sparsity = False
-    try:
+    with fxflash.config.overridden(block_sparsity=False):
         visited = fxflash.optimize(variant.fn)(*args)
-    finally:
-        fxflash.config.block_sparsity = True
     torch.testing.assert_close(skipped, visited, rtol=0, atol=0, equal_nan=True)
     assert_accurate(variant.fn, args, skipped)
 

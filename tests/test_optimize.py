@@ -80,3 +80,15 @@ def test_explain_report():
         assert region.fused or region.reason
         assert any(s.startswith("[(") for s in region.sketches.values())
     assert isinstance(report.graph, torch.fx.GraphModule)
+
+
+def test_config_overridden_restores_settings_and_names_unknown_ones():
+    before = (fxflash.config.gluon, fxflash.config.cache_size)
+    with pytest.raises(RuntimeError, match="inside"):
+        with fxflash.config.overridden(gluon=not before[0], cache_size=3) as config:
+            assert (config.gluon, config.cache_size) == (not before[0], 3)
+            raise RuntimeError("inside")
+    assert (fxflash.config.gluon, fxflash.config.cache_size) == before
+    with pytest.raises(AttributeError, match="no setting 'glun'.*block_sparsity"):
+        with fxflash.config.overridden(glun=False):
+            pass

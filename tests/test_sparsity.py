@@ -80,13 +80,8 @@ def _program(tree):
 
 
 def _run(fn, args, sparsity: bool):
-    old = fxflash.config.block_sparsity
-    fxflash.config.block_sparsity = sparsity
-    try:
-        report = fxflash.explain(fn, *args)
-        return report, fxflash.optimize(fn)(*args)
-    finally:
-        fxflash.config.block_sparsity = old
+    with fxflash.config.overridden(block_sparsity=sparsity):
+        return fxflash.explain(fn, *args), fxflash.optimize(fn)(*args)
 
 
 def _skipping_changes_nothing(fn, args):
