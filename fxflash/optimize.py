@@ -87,7 +87,8 @@ class _Optimizer:
         entry, params = self.compiled_for(args, kwargs)
         if entry.runner is None:
             return self._fn(*args, **kwargs)
-        return entry.captured.run(entry.runner, params, args, kwargs)
+        # the graph's own code, without nn.Module's call machinery (no hooks on it): ~7 µs per call
+        return entry.captured.run(entry.runner.forward, params, args, kwargs)
 
 
 class OptimizedFunction:

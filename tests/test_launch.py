@@ -6,7 +6,9 @@ Triton's interpreter returns no compiled kernel, so these tests stand a recordin
 the JIT function and its compiled kernel, and treat the CPU as a device whose launches are
 bound; tests/test_gpu.py checks bound launches on real kernels.
 """
+import itertools
 import math
+import types
 
 import pytest
 import torch
@@ -207,3 +209,17 @@ def test_view_ops_on_inputs_are_folded_into_the_call_and_bound_launches_read_the
         (jit_view,) = [a for a in jit_args if isinstance(a, torch.Tensor) and a.dim() == 5 and a._base is base]
         assert jit_view.data_ptr() == base.data_ptr() and jit_view.stride()[2] == 0
         assert any(a is base for a in bound_args)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 3, 1, 5), (2, 0, 4, 1)])
+def test_results_are_allocated_in_eager_layout_at_once(shape):
+    """empty_results allocates the result at the strides of a dense tensor in ``out_order``
+    (eager's layout of the region's last op): those of one allocated in that order and permuted
+    back, sizes 0 and 1 included."""
+    like = torch.empty(1)
+    for order in itertools.permutations(range(len(shape))):
+        plan = types.SimpleNamespace(out_order=order, out_dtype=torch.float16, side_dtypes=())
+        out, = launch.empty_results(plan, [list(shape)], like)
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        expected = torch.empty([shape[a] for a in order]).permute(inverse)
+        assert (out.shape, out.stride(), out.dtype) == (expected.shape, expected.stride(), torch.float16), order

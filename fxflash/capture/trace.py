@@ -53,8 +53,9 @@ class CapturedGraph:
         leaves = args if is_flat_call(args, kwargs) else pytree.tree_flatten((args, kwargs))[0]
         return [params[n] for n in self.param_names] + [leaves[i] for i in self.tensor_positions]
 
-    def run(self, module: torch.fx.GraphModule, params: dict, args: tuple, kwargs: dict) -> Any:
-        """Run ``module`` (this graph or a rewrite of it) on a call's inputs; rebuild the output."""
+    def run(self, module: Callable, params: dict, args: tuple, kwargs: dict) -> Any:
+        """Run ``module`` (this graph, a rewrite of it or its compiled form: a function of the
+        flat inputs) on a call's inputs; rebuild the output."""
         flat_out = module(*self.flat_inputs(params, args, kwargs))
         return pytree.tree_unflatten(list(flat_out), self.out_spec)
 

@@ -51,7 +51,7 @@ class RegisteredRegion:
     def run(self, inputs, sizes, scalars, views=None) -> list:
         """``views``: the view chains folded into a direct call (``launch.replay_views``)."""
         frame, shapes, _ = self.split(sizes)
-        if any(s == 0 for s in frame) or any(s == 0 for s in shapes[0]) or not self.plan.int32_index_ok(frame):
+        if 0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame):
             # nothing to tile (eager's semantics for empty sums), or sizes so large that the
             # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
             return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
