@@ -56,7 +56,7 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
 def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
     """``[result, *row values]`` of the given shapes, uninitialized: the result contiguous, or
     laid out in ``plan.out_order`` (eager's layout of the region's last op); the row values
-    (a logsumexp) contiguous. One allocation each, at its strides (``dense_strides``: a third of
+    (a logsumexp) contiguous. One allocation each, at its strides (``dense_strides``: 40 % of
     the host time of allocating in that order and permuting)."""
     sides = [like.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes[1:], plan.side_dtypes)]
     if plan.out_order is None:
@@ -72,7 +72,7 @@ def dense_strides(shape, order) -> list:
     step = 1
     for axis in reversed(order):
         strides[axis] = step
-        step *= shape[axis] if shape[axis] != 0 else 1
+        step *= max(shape[axis], 1)
     return strides
 
 
