@@ -10,7 +10,11 @@ does nothing but the one kind of work, so that its rate is that unit's ceiling:
   bytes written;
 * ``exp2_per_s``: ``tl.exp2`` on fp32 in independent chains (``exp2(x) − 1``, one MUFU and one
   FMA-pipe op each), every SM busy — the special-function unit's rate, the one the softmax's
-  exponentials run on.
+  exponentials run on;
+* ``attention_tflops``: not a unit's ceiling but what the best hand-written attention kernels
+  reach: the fastest of SDPA's backends (cuDNN, FlashAttention-2, memory-efficient) on plain
+  non-causal attention, 1 × 16 heads × 16k tokens, head dim 128 or 256 (the faster),
+  ``4·N²·D`` FLOPs per head; roofline.py holds the tensor-bound targets to it too.
 
 Writes one row per rate: ``quantity,value,unit,device,torch,triton``.
 """
@@ -31,6 +35,7 @@ from bench_attention import settled_ms  # noqa: E402
 MATMUL_N = 8192
 COPY_BYTES = 4 * 2**30
 EXP_BLOCK, EXP_ITERS, EXP_CHAINS = 1024, 4096, 4
+ATTENTION_HEADS, ATTENTION_N, ATTENTION_HEAD_DIMS = 16, 16384, (128, 256)
 
 
 @triton.jit
@@ -72,8 +77,30 @@ def exp2_per_s() -> float:
     return programs * EXP_BLOCK * EXP_ITERS * EXP_CHAINS / (ms * 1e-3)
 
 
+def attention_tflops() -> float:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    best = 0.0
+    for d in ATTENTION_HEAD_DIMS:
+        q, k, v = (torch.randn(1, ATTENTION_HEADS, ATTENTION_N, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+            try:
+                with sdpa_kernel(backend):
+                    scaled_dot_product_attention(q, k, v)
+                    ms = settled_ms(lambda: scaled_dot_product_attention(q, k, v))
+            except RuntimeError as e:  # a backend this build or head dim lacks
+                print(f"  SDPA {backend.name} d{d}: unavailable ({str(e).splitlines()[0][:80]})", flush=True)
+                continue
+            rate = 4 * ATTENTION_HEADS * ATTENTION_N ** 2 * d / (ms * 1e-3) / 1e12
+            print(f"  SDPA {backend.name} d{d}: {ms:.3f} ms, {rate:.1f} TFLOP/s", flush=True)
+            best = max(best, rate)
+    return best
+
+
 QUANTITIES = (("matmul_tflops", matmul_tflops, "TFLOP/s"), ("hbm_tb_s", hbm_tb_s, "TB/s"),
-              ("exp2_per_s", exp2_per_s, "1/s"))
+              ("exp2_per_s", exp2_per_s, "1/s"), ("attention_tflops", attention_tflops, "TFLOP/s"))
 
 
 def main():

@@ -105,10 +105,14 @@ UNITS = {"tensor": ("flops", "matmul_tflops", 1e12), "hbm": ("bytes", "hbm_tb_s"
 
 
 def read_peaks(path: str) -> dict[str, float]:
-    """Each unit's rate per second, from device_peaks.py's CSV."""
+    """Each unit's rate per second, from device_peaks.py's CSV, and ``attention``: the FLOP/s of
+    the fastest hand-written attention kernel (SDPA's) where the CSV has it."""
     with open(path, newline="") as f:
         rows = {r["quantity"]: float(r["value"]) for r in csv.DictReader(f)}
-    return {unit: rows[quantity] * scale for unit, (_, quantity, scale) in UNITS.items()}
+    peaks = {unit: rows[quantity] * scale for unit, (_, quantity, scale) in UNITS.items()}
+    if "attention_tflops" in rows:
+        peaks["attention"] = rows["attention_tflops"] * 1e12
+    return peaks
 
 
 def floor_ms(work: Work, peaks: dict[str, float]) -> tuple[float, str]:
@@ -135,7 +139,9 @@ def rows(cases, peaks) -> list[dict]:
     for (variant, shape), ms in cases.items():
         floor, unit = floor_ms(WORK[variant](shape), peaks)
         row = {"variant": variant, "shape": shape, "floor": floor, "unit": unit,
-               "eff": {system: floor / t for system, t in ms.items()}, "ms": ms, "targets": []}
+               "eff": {system: floor / t for system, t in ms.items()}, "ms": ms, "targets": [],
+               # a tensor-bound target's FLOP/s over SDPA's = what it needs × this
+               "per_sdpa": peaks["tensor"] / peaks["attention"] if unit == "tensor" and "attention" in peaks else None}
         for name, dims, ratio, other, issue in TARGETS:
             if name == variant and shape.d in dims and other in ms:
                 target = ms[other] / ratio
@@ -168,11 +174,22 @@ def table(rows_: list[dict]) -> str:
             tgt = f"issue {t[0]}: {t[1]:g}× {t[2]}" if t else ""
             tms = f"{t[3]:.3f}" if t else ""
             needs = (f"**{t[4]:.0%}**" if t[4] > 1 else f"{t[4]:.0%}") if t else ""
+            if t and r["per_sdpa"]:
+                needs += f" ({t[4] * r['per_sdpa']:.2f}× SDPA)"
             lines.append(f"| {r['variant']} | {_config(r['variant'], r['shape'])} | {r['floor']:.3f} ({r['unit']}) "
                          f"| {r['ms']['fxflash']:.3f} | {r['eff']['fxflash']:.0%} | {best_other} | {tgt} | {tms} | {needs} |")
     lines.append("")
     lines.append(f"Best efficiency measured in the suite: {best[0]:.0%} ({best[3]}, {best[1]} {best[2]}).")
     return "\n".join(lines)
+
+
+def _sdpa_line(peaks: dict[str, float]) -> str:
+    """The header's sentence on the best hand-written attention kernel, where the peaks have it."""
+    if "attention" not in peaks:
+        return ""
+    return (f" The fastest hand-written attention kernel here (SDPA, plain attention at 16k tokens) runs at "
+            f"{peaks['attention'] / 1e12:.0f} TFLOP/s, {peaks['attention'] / peaks['tensor']:.0%} of the matmul rate; "
+            f"a tensor-bound target's *needs* also says how many times that rate it asks for.")
 
 
 def main():
@@ -186,7 +203,8 @@ def main():
             f"`{os.path.basename(opts.peaks)}` (`python benchmarks/roofline.py`): matmul "
             f"{peaks['tensor'] / 1e12:.0f} TFLOP/s, HBM {peaks['hbm'] / 1e12:.2f} TB/s, exp2 "
             f"{peaks['mufu'] / 1e12:.2f}·10¹² /s. Efficiency = floor / measured ms; *needs* = the "
-            f"efficiency a target demands (over 100 %: unreachable on this GPU).\n\n" + table(rows(read_cases(opts.suite), peaks)) + "\n")
+            f"efficiency a target demands (over 100 %: unreachable on this GPU).{_sdpa_line(peaks)}\n\n"
+            + table(rows(read_cases(opts.suite), peaks)) + "\n")
     with open(opts.out, "w") as f:
         f.write(text)
     print(text)

@@ -74,6 +74,15 @@ def test_roofline_floors_and_what_a_target_needs(tmp_path):
     needs = {(issue, ratio): need for issue, ratio, _, _, need in row["targets"]}
     assert abs(needs[(4, 3.0)] - floor / (3.0 / 3.0)) < 1e-6 * floor
     assert "**" in roofline.table([row])                       # a target over 100 % is marked
+    assert "SDPA" not in roofline.table([row])                 # no attention rate in the peaks
+
+    # with SDPA's rate at half the matmul's, a tensor-bound target asks for twice its share of it
+    peaks_path.write_text(peaks_path.read_text() + "attention_tflops,5e-4,TFLOP/s,X,,\n")
+    (row,) = roofline.rows(cases, roofline.read_peaks(str(peaks_path)))
+    assert f"({2 * needs[(4, 3.0)]:.2f}× SDPA)" in roofline.table([row])
+    (evo_row,) = roofline.rows({("evoformer_row", evo): {"fxflash": 1.0, "torch_compile": 5.0}},
+                               {**peaks, "attention": 5e14})
+    assert evo_row["unit"] == "hbm" and "SDPA" not in roofline.table([evo_row])   # not tensor-bound
 
 
 def test_only_a_part_is_measured_again(tmp_path):
