@@ -22,7 +22,10 @@ it. ``efficiency`` = floor / measured time. A target ``ratio × faster than SYST
 ``SYSTEM's ms / ratio``; ``needs`` = floor / that time, the efficiency the target demands —
 above 100 % no kernel can meet it on this GPU; the best efficiency measured in the suite
 (cuDNN's, FlashAttention's and fxflash's own dense kernels) says how close to 100 % kernels
-get. Writes a Markdown table (and prints it).
+get. Where the peaks CSV also holds ``attention_tflops`` (the fastest SDPA backend's rate on plain
+attention), a tensor-bound target's *needs* also reads as a multiple of that rate: over 1×, the
+target asks more of the tensor cores than the best hand-written attention kernel gets from them.
+Writes a Markdown table (and prints it).
 """
 from __future__ import annotations
 
