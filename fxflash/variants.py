@@ -59,6 +59,20 @@ def bshd(q, k, v):
     return out.transpose(1, 2)
 
 
+def einsum(q, k, v):
+    """Both contractions written with ``torch.einsum`` (traced as permutes of size-one axes,
+    which capture.layout_chains collapses)."""
+    s = torch.einsum("bhmd,bhnd->bhmn", q, k) * q.size(-1) ** -0.5
+    return torch.einsum("bhmn,bhnd->bhmd", torch.softmax(s, dim=-1), v)
+
+
+def einsum_bshd(q, k, v):
+    """``torch.einsum`` over ``[B, S, H, D]`` inputs, heads moved before the sequence inside the
+    contraction; output ``[B, S, H, Dv]``."""
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.size(-1) ** -0.5
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
+
+
 def gqa_repeat_interleave(q, k, v):
     """Grouped-query attention: k and v have fewer heads, repeated with repeat_interleave."""
     group = q.size(1) // k.size(1)
@@ -451,6 +465,8 @@ VARIANTS = {
         Variant("scale_q_first", scale_q_first, _mha),
         Variant("manual_softmax", manual_softmax, _mha),
         Variant("bshd", bshd, _bshd),
+        Variant("einsum", einsum, _mha),
+        Variant("einsum_bshd", einsum_bshd, _bshd),
         Variant("gqa_repeat_interleave", gqa_repeat_interleave, _gqa),
         Variant("gqa_expand", gqa_expand, _gqa),
         Variant("alibi", alibi, _mha),

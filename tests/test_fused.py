@@ -16,7 +16,7 @@ from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 
 SOFTMAX_FAMILY = [
-    "vanilla", "scale_q_first", "manual_softmax", "bshd", "gqa_repeat_interleave", "gqa_expand",
+    "vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum_bshd", "gqa_repeat_interleave", "gqa_expand",
     "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal", "dilated_window",
     "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
 ]
@@ -209,7 +209,7 @@ def test_one_kernel_source_serves_every_sequence_length():
     assert len(sources) == 1
 
 
-@pytest.mark.parametrize("name", ["sliding_window", "gqa_expand", "document_mask", "evoformer_row"])
+@pytest.mark.parametrize("name", ["sliding_window", "gqa_expand", "document_mask", "evoformer_row", "einsum_bshd"])
 def test_torch_compile_dynamic_compiles_once_for_every_length(name):
     from fxflash.backend import recent_reports
 

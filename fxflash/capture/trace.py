@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .decompositions import decomposition_table
+from .layout_chains import collapse_layout_chains
 from .signature import is_flat_call
 
 log = logging.getLogger("fxflash")
@@ -113,6 +114,7 @@ def capture(
             log.debug("capture with tracing_mode=%s failed: %s", mode, exc)
             continue
         gm.graph.eliminate_dead_code()
+        collapse_layout_chains(gm)
         gm.recompile()
         return CapturedGraph(gm, param_names, in_spec, tensor_positions, out_box[0], mode)
     raise CaptureError("could not trace the code to an FX graph:\n  " + "\n  ".join(errors))
