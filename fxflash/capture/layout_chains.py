@@ -7,20 +7,23 @@ broadcasts, and such a chain hides the plain ``q @ k.transpose(-1, -2)`` it comp
 rewrites each such chain into the ops a user would write, computing the same tensor:
 
     x → view(x, x's sizes without its size-one axes)     where x has size-one axes
-      → transpose(·, i, j) or permute(·, π)              where the chain reorders the axes of
-                                                         size > 1 (π: their net order)
+      → transposes, or permute(·, π)                     where the chain reorders the axes of
+                                                         size > 1 (π: their net order; _reorder)
+      → clone(·)                                         where the chain's last op reads a clone
       → the chain's last op, or a view to its shape
 
 A *chain* is a run of ops ``unsqueeze``, ``squeeze``, ``permute``, ``view``, ``_unsafe_view``,
-``reshape``, each the only user of the one before, that contains a ``permute``. Every op
-but the last is *unit-only*: a permute, or an op that keeps the sizes above one in order (it
+``reshape``, each the only user of the one before, that contains a ``permute``; its last op may
+read a ``clone`` of the op before (einsum's ``clone → _unsafe_view`` before each ``bmm``: the
+rewrite clones the same elements in the same order, so the last op's result is the same, strides
+included). Every op but the last is *unit-only*: a permute, or an op that keeps the sizes above one in order (it
 adds or drops ones). Through unit-only ops each axis above size one keeps its size and stride
 (a permute carries an axis's stride with it), so the last op sees the same axes above one, in
 the same order and with the same strides, in the rewrite as in the original: a ``view``
 valid there is valid here, and the result holds the same elements at the same places. A
 symbolic size (``torch.compile(dynamic=True)``) is never one (Dynamo specializes sizes 0 and
 1); the rewrite's views take it from the graph node that computes it, and a chain whose size
-no earlier node computes, or that the rewrite would not shorten, is left as it is.
+no earlier node computes, or that the rewrite would lengthen, is left as it is.
 """
 from __future__ import annotations
 
@@ -75,11 +78,25 @@ def _moved(step: fx.Node, labels: list) -> list | None:
     return [None if _is_one(s) else next(kept) for s in out]
 
 
+def _is_layout(node) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in LAYOUT_CHAIN_OPS
+
+
+def _read_clone(end: fx.Node):
+    """The clone a re-applied last op reads, where that clone has no other user, else None."""
+    node = end.args[0]
+    if (end.target in REAPPLIED_ENDS and isinstance(node, fx.Node) and node.op == "call_function"
+            and node.target is aten.clone.default and len(node.users) == 1):
+        return node
+    return None
+
+
 class Chain(typing.NamedTuple):
     source: fx.Node  # x
     head: tuple      # the sizes whose ones the rewrite's first op drops (x's, or an absorbed op's)
     first: object    # that op: a view, or the absorbed op's own (view, reshape, _unsafe_view)
-    ops: list        # the chain's ops before its last
+    ops: list        # the chain's ops before its last (and before the clone it reads)
+    clone: object    # the clone its last op reads, or None
     order: list      # x's axes above one in their order after the chain's moves
 
 
@@ -88,9 +105,9 @@ def _chain_ending_at(end: fx.Node) -> Chain | None:
     where ``end`` is re-applied, through ``end`` where it is unit-only. Where an op is a view or
     reshape that merges or splits axes, the chain restarts there and absorbs it: dropping ones
     from a view (reshape) of x is a view (reshape) of x."""
-    walked, node = [], end.args[0]
-    while (isinstance(node, fx.Node) and node.op == "call_function" and node.target in LAYOUT_CHAIN_OPS
-           and len(node.users) == 1):
+    clone = _read_clone(end)
+    walked, node = [], (clone or end).args[0]
+    while _is_layout(node) and len(node.users) == 1:
         walked.insert(0, node)
         node = node.args[0]
     if _sizes(node) is None:
@@ -105,27 +122,44 @@ def _chain_ending_at(end: fx.Node) -> Chain | None:
             return None
         else:  # a view or reshape that merges or splits axes: absorbed
             source, head, first, labels, ops = step.args[0], _sizes(step), step.target, _labels(step), [step]
-    return Chain(source, head, first, [op for op in ops if op is not end], [a for a in labels if a is not None])
-
-
-def _values(source: fx.Node, steps: list) -> list | None:
-    """Each new op's value on the nodes' values (real or fake tensors, SymInts), for its meta;
-    None where one raises (a view the chain's strides do not allow: left as it is)."""
-    values, value = [], source.meta["val"]
-    for target, rest in steps:
-        try:
-            value = target(value, *fx.node.map_arg(rest, lambda n: n.meta["val"]))
-        except Exception:  # noqa: BLE001 - the chain stays as written
-            return None
-        values.append(value)
-    return values
+    return Chain(source, head, first, [op for op in ops if op is not end], clone,
+                 [a for a in labels if a is not None])
 
 
 def _is_end(node: fx.Node) -> bool:
-    """Is ``node`` the last op of its run of layout ops (no layout op of the run after it)?"""
+    """Is ``node`` the last op of its run of layout ops: no layout op reads it, nor a clone
+    that a layout op reads?"""
+    if not _is_layout(node):
+        return False
     users = list(node.users)
-    return node.op == "call_function" and node.target in LAYOUT_CHAIN_OPS and not (
-        len(users) == 1 and users[0].op == "call_function" and users[0].target in LAYOUT_CHAIN_OPS)
+    if len(users) != 1:
+        return True
+    after = users[0]
+    if _is_layout(after):
+        return False
+    return not (after.op == "call_function" and after.target is aten.clone.default and len(after.users) == 1
+                and _read_clone(next(iter(after.users))) is after)
+
+
+def _swap(rank: list):
+    """The one pair of axes ``rank`` exchanges, or None where it is not a single swap."""
+    moved = [i for i, a in enumerate(rank) if a != i]
+    return tuple(moved) if len(moved) == 2 else None
+
+
+def _reorder(rank: list) -> list:
+    """The ops putting the axes in the order ``rank``, as users write them where they can: one
+    transpose, or one transpose and then the last two axes' (``k.transpose(1, 2)`` then
+    ``.transpose(-2, -1)``, what the rules read as a key in ``[B, S, H, D]`` storage), else a permute."""
+    if rank == sorted(rank):
+        return []
+    if _swap(rank):
+        return [(aten.transpose.int, _swap(rank), {})]
+    last = len(rank) - 2
+    before_last = rank[:last] + rank[last:][::-1]   # rank with its last two swapped back
+    if before_last == sorted(before_last) or _swap(before_last):
+        return _reorder(before_last) + [(aten.transpose.int, (last, last + 1), {})]
+    return [(aten.permute.default, (rank,), {})]
 
 
 def _size_args(sizes, symbols: dict, before: dict, at: int) -> list | None:
@@ -144,33 +178,46 @@ def _size_args(sizes, symbols: dict, before: dict, at: int) -> list | None:
 
 
 def _rewrite(chain: Chain, end: fx.Node, symbols: dict, before: dict) -> list | None:
-    """The rewrite of ``chain``, ending at ``end``: (target, args after the tensor) for each new
-    op, or None where it cannot be expressed or is no shorter."""
-    source, head, first, ops, order = chain
-    squeezed = [s for s in head if not _is_one(s)]
-    rank = [sorted(order).index(a) for a in order]  # the net order, as a permutation of squeezed's axes
-    swapped = [i for i, a in enumerate(rank) if a != i]
+    """The rewrite of ``chain``, ending at ``end``: (target, args after the tensor, kwargs) for
+    each new op, or None where it cannot be expressed, or is longer — or as long, where no value
+    of the chain has a size-one axis (a chain a user wrote)."""
+    squeezed = [s for s in chain.head if not _is_one(s)]
+    rank = [sorted(chain.order).index(a) for a in chain.order]  # the net order of squeezed's axes
     out = list(_sizes(end))
     steps = []
-    if first is not aten.view.default or not _same_sizes(list(_sizes(source)), squeezed):
-        steps.append((first, squeezed))
-    if swapped:
-        steps.append((aten.transpose.int, tuple(swapped)) if len(swapped) == 2 else (aten.permute.default, rank))
+    if chain.first is not aten.view.default or not _same_sizes(list(_sizes(chain.source)), squeezed):
+        steps.append((chain.first, squeezed, {}))
+    steps += _reorder(rank)
+    if chain.clone is not None:
+        steps.append((aten.clone.default, (), dict(chain.clone.kwargs)))
     if not _same_sizes([squeezed[a] for a in rank], out) or not steps:
-        steps.append((end.target if end.target in REAPPLIED_ENDS else aten.view.default, out))
-    if len(steps) >= len(ops) + 1:
+        steps.append((end.target if end.target in REAPPLIED_ENDS else aten.view.default, out, {}))
+    replaced = [*chain.ops, *([chain.clone] if chain.clone is not None else []), end]
+    ones = any(_is_one(s) for n in replaced for s in _sizes(n))
+    if len(steps) > len(replaced) or (len(steps) == len(replaced) and not ones):
         return None
     resolved = []
-    for target, rest in steps:
+    for target, rest, kwargs in steps:
         if target in REAPPLIED_ENDS:
             rest = _size_args(rest, symbols, before, before[end])
             if rest is None:
                 return None
             rest = (rest,)
-        elif target is aten.permute.default:
-            rest = (rest,)
-        resolved.append((target, rest))
+        resolved.append((target, rest, kwargs))
     return resolved
+
+
+def _values(source: fx.Node, steps: list) -> list | None:
+    """Each new op's value on the nodes' values (real or fake tensors, SymInts), for its meta;
+    None where one raises (a view the chain's strides do not allow: left as it is)."""
+    values, value = [], source.meta["val"]
+    for target, rest, kwargs in steps:
+        try:
+            value = target(value, *fx.node.map_arg(rest, lambda n: n.meta["val"]), **kwargs)
+        except Exception:  # noqa: BLE001 - the chain stays as written
+            return None
+        values.append(value)
+    return values
 
 
 def collapse_layout_chains(gm: fx.GraphModule) -> int:
@@ -191,11 +238,11 @@ def collapse_layout_chains(gm: fx.GraphModule) -> int:
             continue
         y = chain.source
         with graph.inserting_before(end):
-            for (target, rest), value in zip(steps, values):
-                y = graph.call_function(target, (y, *rest))
+            for (target, rest, kwargs), value in zip(steps, values):
+                y = graph.call_function(target, (y, *rest), kwargs)
                 y.meta["val"] = value
         end.replace_all_uses_with(y)
-        for node in reversed([*chain.ops, end]):
+        for node in reversed([*chain.ops, *([chain.clone] if chain.clone is not None else []), end]):
             graph.erase_node(node)
         rewritten += 1
     if rewritten:
