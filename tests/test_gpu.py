@@ -286,7 +286,8 @@ needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.ge
 # multiple of every Gluon key tile and M not a multiple of the CTA's 128 or 192 rows.
 GLUON_VARIANTS = ["vanilla", "manual_softmax", "gqa_expand", "gqa_repeat_interleave", "alibi", "softcap", "causal",
                   "sliding_window", "prefix_lm", "block_causal", "dilated_window", "neighbourhood_2d",
-                  "document_mask", "key_padding", "key_lengths", "additive_mask", "bshd", "scale_q_first",
+                  "document_mask", "key_padding", "key_lengths", "additive_mask", "bshd", "einsum", "einsum_bshd",
+                  "scale_q_first",
                   "evoformer_row", "diff_attention_chunked"]
 GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
                 128: Shape(B=1, H=4, Hkv=2, M=130, N=256, D=128, Dv=128)}
