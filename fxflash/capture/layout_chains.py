@@ -16,14 +16,17 @@ A *chain* is a run of ops ``unsqueeze``, ``squeeze``, ``permute``, ``view``, ``_
 ``reshape``, each the only user of the one before, that contains a ``permute``; its last op may
 read a ``clone`` of the op before (einsum's ``clone → _unsafe_view`` before each ``bmm``: the
 rewrite clones the same elements in the same order, so the last op's result is the same, strides
-included). Every op but the last is *unit-only*: a permute, or an op that keeps the sizes above one in order (it
-adds or drops ones). Through unit-only ops each axis above size one keeps its size and stride
-(a permute carries an axis's stride with it), so the last op sees the same axes above one, in
-the same order and with the same strides, in the rewrite as in the original: a ``view``
-valid there is valid here, and the result holds the same elements at the same places. A
-symbolic size (``torch.compile(dynamic=True)``) is never one (Dynamo specializes sizes 0 and
-1); the rewrite's views take it from the graph node that computes it, and a chain whose size
-no earlier node computes, or that the rewrite would lengthen, is left as it is.
+included). Its first op may merge or split axes above size one (the rewrite then starts with that
+op, to the sizes without their ones); every other op but the last is *unit-only*: a permute, or
+an op that keeps the sizes above one in order (it adds or drops ones). Through unit-only ops each
+axis above size one keeps its size and stride (a permute carries an axis's stride with it), so
+the last op sees the same axes above one, in the same order and with the same strides, in the
+rewrite as in the original: a ``view`` valid there is valid here, and the result holds the same
+elements at the same places. A symbolic size (``torch.compile(dynamic=True)``) is never one
+(Dynamo specializes sizes 0 and 1); the rewrite's views take it from the graph node that
+computes it. A chain whose size no earlier node computes is left as it is, and so is one the
+rewrite would lengthen, or leave as long where no value of it has a size-one axis (a user's own
+reorder).
 """
 from __future__ import annotations
 
@@ -83,10 +86,12 @@ def _is_layout(node) -> bool:
 
 
 def _read_clone(end: fx.Node):
-    """The clone a re-applied last op reads, where that clone has no other user, else None."""
+    """The contiguous clone a re-applied last op reads, where that clone has no other user, else
+    None (a clone that preserves its input's strides is left in its chain's way)."""
     node = end.args[0]
     if (end.target in REAPPLIED_ENDS and isinstance(node, fx.Node) and node.op == "call_function"
-            and node.target is aten.clone.default and len(node.users) == 1):
+            and node.target is aten.clone.default and len(node.users) == 1
+            and node.kwargs.get("memory_format") is torch.contiguous_format):
         return node
     return None
 
