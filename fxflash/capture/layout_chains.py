@@ -162,8 +162,8 @@ def _reorder(rank: list) -> list:
         return [(aten.transpose.int, _swap(rank), {})]
     last = len(rank) - 2
     before_last = rank[:last] + rank[last:][::-1]   # rank with its last two swapped back
-    if before_last == sorted(before_last) or _swap(before_last):
-        return _reorder(before_last) + [(aten.transpose.int, (last, last + 1), {})]
+    if _swap(before_last):
+        return [(aten.transpose.int, _swap(before_last), {}), (aten.transpose.int, (last, last + 1), {})]
     return [(aten.permute.default, (rank,), {})]
 
 
