@@ -97,12 +97,18 @@ def _read_clone(end: fx.Node):
 
 
 class Chain(typing.NamedTuple):
+    end: fx.Node     # its last op
     source: fx.Node  # x
     head: tuple      # the sizes whose ones the rewrite's first op drops (x's, or an absorbed op's)
     first: object    # that op: a view, or the absorbed op's own (view, reshape, _unsafe_view)
     ops: list        # the chain's ops before its last (and before the clone it reads)
     clone: object    # the clone its last op reads, or None
     order: list      # x's axes above one in their order after the chain's moves
+
+    @property
+    def replaced(self) -> list:
+        """The nodes the rewrite replaces, in graph order."""
+        return [*self.ops, *([self.clone] if self.clone is not None else []), self.end]
 
 
 def _chain_ending_at(end: fx.Node) -> Chain | None:
@@ -127,7 +133,7 @@ def _chain_ending_at(end: fx.Node) -> Chain | None:
             return None
         else:  # a view or reshape that merges or splits axes: absorbed
             source, head, first, labels, ops = step.args[0], _sizes(step), step.target, _labels(step), [step]
-    return Chain(source, head, first, [op for op in ops if op is not end], clone,
+    return Chain(end, source, head, first, [op for op in ops if op is not end], clone,
                  [a for a in labels if a is not None])
 
 
@@ -182,12 +188,13 @@ def _size_args(sizes, symbols: dict, before: dict, at: int) -> list | None:
     return args
 
 
-def _rewrite(chain: Chain, end: fx.Node, symbols: dict, before: dict) -> list | None:
-    """The rewrite of ``chain``, ending at ``end``: (target, args after the tensor, kwargs) for
-    each new op, or None where it cannot be expressed, or is longer — or as long, where no value
-    of the chain has a size-one axis (a chain a user wrote)."""
+def _rewrite(chain: Chain, symbols: dict, before: dict) -> list | None:
+    """The rewrite of ``chain``: (target, args after the tensor, kwargs) for each new op, or None
+    where it cannot be expressed, or is longer — or as long, where no value of the chain has a
+    size-one axis (a chain a user wrote)."""
     squeezed = [s for s in chain.head if not _is_one(s)]
     rank = [sorted(chain.order).index(a) for a in chain.order]  # the net order of squeezed's axes
+    end = chain.end
     out = list(_sizes(end))
     steps = []
     if chain.first is not aten.view.default or not _same_sizes(list(_sizes(chain.source)), squeezed):
@@ -197,7 +204,7 @@ def _rewrite(chain: Chain, end: fx.Node, symbols: dict, before: dict) -> list | 
         steps.append((aten.clone.default, (), dict(chain.clone.kwargs)))
     if not _same_sizes([squeezed[a] for a in rank], out) or not steps:
         steps.append((end.target if end.target in REAPPLIED_ENDS else aten.view.default, out, {}))
-    replaced = [*chain.ops, *([chain.clone] if chain.clone is not None else []), end]
+    replaced = chain.replaced
     ones = any(_is_one(s) for n in replaced for s in _sizes(n))
     if len(steps) > len(replaced) or (len(steps) == len(replaced) and not ones):
         return None
@@ -237,7 +244,7 @@ def collapse_layout_chains(gm: fx.GraphModule) -> int:
         chain = _chain_ending_at(end)
         if chain is None or not any(n.target is aten.permute.default for n in (*chain.ops, end)):
             continue
-        steps = _rewrite(chain, end, symbols, before)
+        steps = _rewrite(chain, symbols, before)
         values = None if steps is None else _values(chain.source, steps)
         if values is None:
             continue
@@ -247,7 +254,7 @@ def collapse_layout_chains(gm: fx.GraphModule) -> int:
                 y = graph.call_function(target, (y, *rest), kwargs)
                 y.meta["val"] = value
         end.replace_all_uses_with(y)
-        for node in reversed([*chain.ops, *([chain.clone] if chain.clone is not None else []), end]):
+        for node in reversed(chain.replaced):
             graph.erase_node(node)
         rewritten += 1
     if rewritten:
