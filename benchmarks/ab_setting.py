@@ -27,7 +27,8 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import EVOFORMER_BATCHES, SUITES, beyond_cases, case, check, flex_api, medians  # noqa: E402
+from bench_attention import (EVOFORMER_BATCHES, SUITES, beyond_cases, case, check, check_fused, flex_api,  # noqa: E402
+                             medians)
 
 import fxflash  # noqa: E402
 from fxflash.codegen import tuning  # noqa: E402
@@ -47,6 +48,7 @@ def compiled_with(fn, args, settings: list, value: bool):
 
     call(*args)
     torch.cuda.synchronize()
+    check_fused(fast, args, f"with {'+'.join(settings)} = {value}")
     return call
 
 

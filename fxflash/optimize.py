@@ -14,9 +14,11 @@ from typing import Any, Callable
 import torch
 
 from .capture import CaptureError, SignatureCache, capture, exact_key, module_params, signature_of
+from . import internal
 from .config import config
 from .codegen.rewrite import with_direct_calls
 from .pipeline import optimize_graph, timed
+from .internal import InternalError
 from .report import Report
 
 log = logging.getLogger("fxflash")
@@ -32,26 +34,57 @@ class _Compiled:
         self.error = error
 
 
-def _captured_and_optimized(fn, module, params, args, kwargs):
-    """(captured program, rewritten graph, report); the report's ``seconds`` include capture."""
+NO_RESULT = object()  # _capture ran no eager call
+
+
+def _capture(fn, module, params, args, kwargs, run_eagerly: bool = True):
+    """(captured program, ``NO_RESULT`` or the call's eager result). Code that fake tracing cannot
+    follow runs eagerly once before it is traced with real tensors (``run_eagerly``; explain()
+    runs none): code that fails raises its own error there, once (it has run at most twice), and
+    code that works gives this call's result. Raises CaptureError (with ``.result``) when real
+    tracing fails too."""
+    if not run_eagerly:
+        return capture(fn, args, kwargs, module=module, params=params), NO_RESULT
+    try:
+        return capture(fn, args, kwargs, module=module, params=params, modes=("fake",)), NO_RESULT
+    except CaptureError as fake_error:
+        result = fn(*args, **kwargs)
+        if fake_error.data_dependent:
+            fake_error.result = result
+            raise
+        try:
+            return capture(fn, args, kwargs, module=module, params=params, modes=("real",)), result
+        except CaptureError as real_error:
+            error = CaptureError(f"{fake_error}\n  {str(real_error).split(chr(10), 1)[-1].strip()}")
+            error.result = result
+            raise error from None
+
+
+def _captured_and_optimized(fn, module, params, args, kwargs, run_eagerly: bool = True):
+    """(captured program, rewritten graph, report, eager result or NO_RESULT); the report's
+    ``seconds`` include capture."""
     seconds: dict = {}
     with timed(seconds, "capture"):
-        captured = capture(fn, args, kwargs, module=module, params=params)
+        captured, result = _capture(fn, module, params, args, kwargs, run_eagerly)
     runner, report = optimize_graph(captured.graph_module, seconds=seconds)
-    return captured, runner, report
+    return captured, runner, report, result
 
 
-def _compile(fn, module, params, args, kwargs) -> _Compiled:
+def _compile(fn, module, params, args, kwargs) -> tuple[_Compiled, Any]:
+    """(this signature's compiled entry, this call's eager result or NO_RESULT)."""
     try:
-        captured, runner, report = _captured_and_optimized(fn, module, params, args, kwargs)
+        captured, runner, report, result = _captured_and_optimized(fn, module, params, args, kwargs)
     except CaptureError as exc:
-        warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=4)
-        return _Compiled(None, None, None, str(exc))
+        warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=5)
+        return _Compiled(None, None, None, str(exc)), getattr(exc, "result", NO_RESULT)
+    except InternalError as exc:
+        internal.warn(exc, "the call runs as eager PyTorch", stacklevel=4)
+        return _Compiled(None, None, None, str(exc)), NO_RESULT
     if not any(region.fused for region in report.regions):
         runner = None  # nothing fused: the user's own code runs, bit for bit as eager
     else:
         runner = with_direct_calls(runner)
-    return _Compiled(captured, runner, report)
+    return _Compiled(captured, runner, report), result
 
 
 class _Optimizer:
@@ -75,16 +108,25 @@ class _Optimizer:
                 self._signatures[exact] = key
         return key
 
-    def compiled_for(self, args: tuple, kwargs: dict) -> tuple[_Compiled, dict]:
+    def compiled_for(self, args: tuple, kwargs: dict) -> tuple[_Compiled, dict, Any]:
+        """(the entry for this call's signature, the live parameters, the eager result of this call
+        if compiling it ran one, else NO_RESULT)."""
         params = module_params(self._module)
         key = self.signature(args, kwargs, params)
-        entry = self.cache.get_or_build(
-            key, lambda: _compile(self._fn, self._module, params, args, kwargs)
-        )
-        return entry, params
+        results = []
+
+        def build():
+            entry, result = _compile(self._fn, self._module, params, args, kwargs)
+            results.append(result)
+            return entry
+
+        entry = self.cache.get_or_build(key, build)
+        return entry, params, results[0] if results else NO_RESULT
 
     def __call__(self, *args, **kwargs) -> Any:
-        entry, params = self.compiled_for(args, kwargs)
+        entry, params, result = self.compiled_for(args, kwargs)
+        if result is not NO_RESULT:
+            return result  # compiling ran this call eagerly already
         if entry.runner is None:
             return self._fn(*args, **kwargs)
         # the graph's own code, without nn.Module's call machinery (no hooks on it): ~7 µs per call
@@ -150,4 +192,8 @@ def explain(fn_or_module, *args, **kwargs) -> Report:
     if isinstance(fn_or_module, (OptimizedModule, OptimizedFunction)):
         raise TypeError("pass the original function or module to fxflash.explain, not the optimized one")
     fn = module.forward if module is not None else fn_or_module
-    return _captured_and_optimized(fn, module, module_params(module), args, kwargs)[2]
+    try:
+        return _captured_and_optimized(fn, module, module_params(module), args, kwargs, run_eagerly=False)[2]
+    except InternalError as exc:
+        internal.warn(exc, "explain() reports no region", stacklevel=2)
+        return Report(regions=[], graph=None, analysis=None, capture_note=str(exc))

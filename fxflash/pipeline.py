@@ -11,6 +11,7 @@ import time
 
 import torch.fx as fx
 
+from . import internal
 from .analysis import analyse
 from .analysis.traffic import region_traffic
 from .config import config, interpreting
@@ -90,6 +91,9 @@ def interpreter_conflict() -> str:
 
 def _check_device(region) -> None:
     device = region.output.meta["val"].device
+    if device.type not in ("cuda", "cpu"):
+        raise FusionRefused("device", region.output, f"tensors on {device.type} run eagerly: fused kernels read "
+                                                     "CUDA tensors, or CPU tensors in Triton's interpreter")
     if device.type != "cuda" and not interpreting():
         raise FusionRefused(
             "device", region.output,
@@ -124,11 +128,16 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
 
     fuse = config.fuse if fuse is None else fuse
     seconds = {} if seconds is None else seconds
-    with timed(seconds, "analysis"):
-        analysis = analyse(gm)
-        near_misses: list = []
-        chains = find_chains(analysis, near_misses)
     rewritten, node_map = copy_graph(gm)
+    try:
+        with timed(seconds, "analysis"), internal.stage("analysis"):
+            analysis = analyse(gm)
+            near_misses: list = []
+            chains = find_chains(analysis, near_misses)
+    except internal.InternalError as exc:
+        internal.warn(exc, "the graph runs as eager PyTorch", stacklevel=3)
+        return rewritten, Report(regions=[], graph=gm, analysis=None, rewritten=rewritten, seconds=seconds,
+                                 capture_note=f"{exc} (the graph runs as eager PyTorch)")
     regions = [_region_report(analysis, miss.chain, miss.reason, "chain discovery", miss.node)
                for miss in near_misses]
     for chain in chains:
@@ -136,19 +145,27 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
             regions.append(_region_report(analysis, chain, "fusion is turned off (config.fuse)", "config"))
             continue
         try:
-            with timed(seconds, "fusion"):
+            with timed(seconds, "fusion"), internal.stage("fusion rules", FusionRefused):
                 region = build_region(analysis, chain)
                 _check_device(region)
             with timed(seconds, "code generation"):
-                plan = emit_kernel(region, analysis.kinds)
-                gluon.attach(plan, region, analysis.kinds)
-                kernel = load_kernel(plan.source, plan.name)
-                replace_region(rewritten, region, plan, kernel, node_map)
+                with internal.stage("code generation", FusionRefused, Unprintable):
+                    plan = emit_kernel(region, analysis.kinds)
+                    gluon.attach(plan, region, analysis.kinds)
+                with internal.stage("kernel compilation"):
+                    kernel = load_kernel(plan.source, plan.name)
+                with internal.stage("rewrite", FusionRefused):
+                    replace_region(rewritten, region, plan, kernel, node_map)
         except FusionRefused as exc:
             regions.append(_region_report(analysis, chain, str(exc), exc.rule, exc.node))
             continue
         except Unprintable as exc:
             regions.append(_region_report(analysis, chain, f"code generation: {exc}", "code generation"))
+            continue
+        except internal.InternalError as exc:
+            internal.warn(exc, stacklevel=3)
+            regions.append(_region_report(analysis, chain, f"{exc} (the region runs as eager PyTorch)",
+                                          internal.RULE))
             continue
         regions.append(_region_report(analysis, chain, region=region, plan=plan))
     rewritten.graph.eliminate_dead_code()

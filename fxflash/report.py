@@ -83,7 +83,7 @@ class Report:
 
     regions: list
     graph: fx.GraphModule
-    analysis: GraphAnalysis
+    analysis: GraphAnalysis | None  # None where the analysis itself failed (capture_note says why)
     rewritten: fx.GraphModule | None = None
     capture_note: str = ""
     seconds: dict = dataclasses.field(default_factory=dict)
@@ -98,6 +98,8 @@ class Report:
         if self.seconds:
             parts.append("compile time: " + ", ".join(f"{stage} {s * 1e3:.0f} ms" for stage, s in self.seconds.items()))
         parts.extend(str(r) for r in self.regions)
+        if self.analysis is None:
+            return "\n".join(parts)
         parts.append("graph (node: kind sketch):")
         for node in self.graph.graph.nodes:
             sk = self.analysis.sketch(node)

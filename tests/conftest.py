@@ -22,6 +22,32 @@ def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
                      help="run the I-th (from 0) of N interleaved parts of the selected tests, e.g. the GPU "
                           "suite in device calls of limited length: -m gpu --shard 0/3, 1/3, 2/3")
+    parser.addoption("--fusion-off-check", action="store_true",
+                     help="with FXFLASH_FUSE=0: a test not marked fusion_independent must fail (it checks the "
+                          "fused path); it is reported failed if it passes and passed if it fails")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fusion_independent: passes whether or not fxflash fuses (capture, "
+                                       "analysis, refusals, tools); --fusion-off-check leaves it as it is")
+    if config.getoption("--fusion-off-check") and os.environ.get("FXFLASH_FUSE") != "0":
+        raise pytest.UsageError("--fusion-off-check runs with fusion turned off: set FXFLASH_FUSE=0")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """--fusion-off-check: a test that claims the fused path must fail with fusion off."""
+    outcome = yield
+    report = outcome.get_result()
+    if (not item.config.getoption("--fusion-off-check") or report.when != "call" or report.skipped
+            or item.get_closest_marker("fusion_independent")):
+        return
+    if report.passed:
+        report.outcome = "failed"
+        report.longrepr = ("passes with fusion turned off (FXFLASH_FUSE=0): it does not check the fused path. "
+                           "Check fxflash's report (helpers.assert_fused), or mark it fusion_independent.")
+    else:
+        report.outcome, report.longrepr = "passed", None
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs

@@ -235,8 +235,24 @@ def test_ab_setting_holds_each_side_s_settings_in_its_calls(monkeypatch):
     seen = []
     monkeypatch.setattr(ab_setting.fxflash, "optimize", lambda fn: (lambda *args: seen.append(fxflash.config.gluon)))
     monkeypatch.setattr(ab_setting.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(ab_setting, "check_fused", lambda *args: None)
     before = fxflash.config.gluon
     a = ab_setting.compiled_with(None, (), ["gluon"], False)
     b = ab_setting.compiled_with(None, (), ["gluon"], True)
     a(), b(), a()
     assert seen == [False, True, False, True, False] and fxflash.config.gluon == before
+
+
+def test_a_benchmark_records_no_fxflash_row_that_did_not_fuse():
+    """bench_attention and ab_setting time an fxflash call only after its own report says every
+    region fused; a call that runs eagerly is refused with the rule that stopped it."""
+    import torch
+    from bench_attention import check_fused
+
+    import fxflash
+    from fxflash import variants
+
+    args = tuple(torch.randn(1, 2, 16, 16) for _ in range(3))
+    check_fused(fxflash.optimize(variants.vanilla), args, "vanilla")
+    with fxflash.config.overridden(fuse=False), pytest.raises(AssertionError, match="did not fuse: config"):
+        check_fused(fxflash.optimize(variants.vanilla), args, "vanilla")

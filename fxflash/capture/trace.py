@@ -12,6 +12,7 @@ input signature (:mod:`fxflash.capture.signature`) guards them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Callable
@@ -20,15 +21,35 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..internal import stage
 from .decompositions import decomposition_table
 from .layout_chains import collapse_layout_chains
 from .signature import is_flat_call
+from .snapshot import Snapshot, real_copies
 
 log = logging.getLogger("fxflash")
 
 
 class CaptureError(RuntimeError):
-    """The code could not be traced to an FX graph; it runs eagerly instead."""
+    """The code could not be traced to an FX graph; it runs eagerly instead. ``data_dependent``:
+    its Python control flow reads tensor values (no trace of one call would hold for the next)."""
+
+    data_dependent = False
+
+
+class SideEffect(Exception):
+    """The traced code changed Python objects it was given, which a graph cannot replay."""
+
+
+def _data_dependent(exc: Exception) -> bool:
+    """Did tracing stop where Python read a tensor's value (``if s.max() > 0``, ``.item()``)?"""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    kinds = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+    while exc is not None and not isinstance(exc, kinds):
+        exc = exc.__cause__
+    return exc is not None
 
 
 @dataclasses.dataclass
@@ -72,6 +93,10 @@ def _flat_function(fn: Callable, module, param_names, leaves, in_spec, tensor_po
             out = torch.func.functional_call(module, params, args, kwargs, strict=False)
         else:
             out = fn(*args, **kwargs)
+        after, spec = pytree.tree_flatten((args, kwargs))
+        if spec != in_spec or any(a is not b for a, b in zip(after, full)):
+            # the code put other items into the lists or dicts it was given (rebuilt here)
+            raise SideEffect("a list or dict")
         flat_out, out_spec = pytree.tree_flatten(out)
         out_box[:] = [out_spec]
         return flat_out
@@ -89,8 +114,11 @@ def capture(
 ) -> CapturedGraph:
     """Trace ``fn(*args, **kwargs)`` (or ``module`` with ``params``) to a functional ATen graph.
 
-    Tries fake tracing first (no computation); code whose Python control flow reads tensor
-    values is traced again with real tensors. Raises :class:`CaptureError` if both fail.
+    Tries fake tracing first (no computation), then real tracing (ops without a fake kernel) —
+    except for code whose Python control flow reads tensor values, which no trace of one call
+    holds for the next. Raises :class:`CaptureError` when no mode traces it. The call's arguments
+    and the module are left as they were found (snapshot.Snapshot); code that changes the Python
+    objects it is given does not trace (a graph cannot replay that).
     Tensor and SymInt leaves become graph inputs; other leaves are specialized.
     """
     kwargs = kwargs or {}
@@ -100,24 +128,60 @@ def capture(
     param_names = list(params)
     inputs = [params[n] for n in param_names] + [leaves[i] for i in tensor_positions]
     errors = []
+    with stage("capture"):
+        snapshot = Snapshot([args, kwargs, module])
     for mode in modes:
         out_box: list = []
         flat_fn = _flat_function(fn, module, param_names, leaves, in_spec, tensor_positions, out_box)
+        traced_inputs = inputs
+        if mode == "real":
+            traced_inputs = real_copies(inputs)
+            snapshot.keep_contents(inputs)
+        side_effects: list = []
         try:
-            gm = make_fx(
-                torch.func.functionalize(flat_fn, remove="mutations"),
-                decomposition_table=decomposition_table(),
-                tracing_mode=mode,
-            )(*inputs)
+            with _quiet_fake_tensors():
+                gm = make_fx(
+                    torch.func.functionalize(flat_fn, remove="mutations"),
+                    decomposition_table=decomposition_table(),
+                    tracing_mode=mode,
+                )(*traced_inputs)
+        except SideEffect as exc:
+            side_effects.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - any tracing failure falls back
             errors.append(f"{mode} tracing: {type(exc).__name__}: {exc}")
             log.debug("capture with tracing_mode=%s failed: %s", mode, exc)
+            if _data_dependent(exc):
+                error = CaptureError("could not trace the code to an FX graph: its Python control flow reads "
+                                     f"tensor values ({type(exc).__name__})")
+                error.data_dependent = True
+                raise error from None
             continue
-        gm.graph.eliminate_dead_code()
-        collapse_layout_chains(gm)
-        gm.recompile()
+        finally:
+            with stage("capture"):
+                changed = snapshot.restore() + side_effects
+        if changed:  # a graph replays tensor writes, not Python's: such code runs as written
+            errors.append(f"{mode} tracing: the code changes {', '.join(dict.fromkeys(changed))} that it was "
+                          "given; a graph cannot replay that")
+            continue
+        with stage("capture"):
+            gm.graph.eliminate_dead_code()
+            collapse_layout_chains(gm)
+            gm.recompile()
         return CapturedGraph(gm, param_names, in_spec, tensor_positions, out_box[0], mode)
     raise CaptureError("could not trace the code to an FX graph:\n  " + "\n  ".join(errors))
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors():
+    """Tracing tries ops on fake tensors; PyTorch logs each failure at ERROR with a traceback. The
+    failure is capture's to report (CaptureError), or the user's code's own error, raised by eager."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def module_params(module: torch.nn.Module | None) -> dict:

@@ -53,6 +53,16 @@ KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being c
 # E(-inf − (−FLT_MAX)) = 0 where E(-inf − (−inf)) would be NaN. A finite m is unchanged (every
 # score ≥ -FLT_MAX), NaN stays NaN. One max per row tile (a compare and a select before).
 OFFSET_GUARD = "tl.maximum({m}, -3.4028234663852886e+38, propagate_nan=tl.PropagateNan.ALL)"
+# The multiply-add form ``2^(x·k − m₂)`` (rules.Homomorphism.apply_fma) rounds ``m₂ = k·max(x)`` on
+# its own, so the largest score's exponent is off by up to half an ulp of ``m₂`` instead of 0; and
+# ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). While every row's
+# ``|m₂| < 2²⁶`` the error is at most 4 in the exponent, common to the row and cancelled by its
+# sum (p ≤ 16, within fp16). A program with a row beyond that (or at ±inf or NaN: an overflowed
+# fold, a fully masked row) computes its rows again in eager's own form, ``exp(t − max t)`` over
+# the same values, and stores those (_Printer.saturated_rows, emit_kernel).
+SATURATION_LOG2 = float(1 << 26)
+# The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
+EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)
 
 
 @dataclasses.dataclass
@@ -193,6 +203,8 @@ class _Printer:
         self.vars_of = {s: {} for s in {None, *self.streams}}
         self.vars = self.vars_of[None]
         self.stream = None
+        self.saturable: list = []  # (running maximum, kept in exp2 units) read by a multiply-add
+        self.body: list = []       # the kernel's body (build)
 
     def sfx(self, stream=None) -> str:
         """Suffix of the names of one stream's values (none without streams)."""
@@ -439,7 +451,11 @@ class _Printer:
             diag = node.args[1] if len(node.args) > 1 else 0
             row, col = (idx[-2] or "0"), (idx[-1] or "0")
             cmp = "<=" if p is aten.tril else ">="
-            code = f"tl.where(({col}) - ({row}) {cmp} {literal(diag)}, {x.code}, 0)"
+            kept = f"({col}) - ({row}) {cmp} {literal(diag)}"
+            if dtype is torch.bool:  # a boolean mask stays boolean: tl.where reads it as its condition
+                code = f"({kept})" if x.code == "1" else f"({kept}) & ({x.code} != 0)"
+            else:
+                code = f"tl.where({kept}, {x.code}, 0)"
             return self.place(code, x.varies_n or COL in f"{row} {col}")
         if p in PRINTERS:
             args = [self.arg(a, idx) for a in node.args]
@@ -500,6 +516,9 @@ class _Printer:
         p = packet(node.target)
         if p not in PRINTERS:
             raise Unprintable(f"no printer for {node.target}")
+        folded = _folded_literal(node, args)
+        if folded is not None:
+            return folded
         varies = any(a.varies_n for a in args)
         dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else None
         narrowed = [a for a in args if a.bound is not None and not a.is_literal]
@@ -609,7 +628,6 @@ class _Printer:
         q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row, lins)
         k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok", lins)
         (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "row_ok", dv_row)
-        precision = _dot_precision(r.q.node.meta["val"].dtype)
         reductions = {red.node: red for red in r.reductions}
         for st, q_ptr, k_ptr in zip(self.streams, q_ptrs, k_ptrs):
             self.enter_stream(st)
@@ -618,10 +636,10 @@ class _Printer:
             self.pre += _scaled("q" + x, r.q)
             self.loop.append(f"k{x} = tl.load({k_ptr}, mask={k_mask}, other=0.0)")
             self.loop += _scaled("k" + x, r.k)
-            self.loop.append(f"s{x} = tl.dot(q{x}, k{x}{precision})")
+            self.loop.append(f"s{x} = {_dot(f'q{x}', f'k{x}', r.q.node.meta['val'].dtype)}")
             self.vars[r.frame] = Value(f"s{x}", True)
             for j, partner in enumerate(r.partners):
-                self.partner_scores(j, partner, precision)
+                self.partner_scores(j, partner)
             # accumulator state: one online value per reduction and stream
             for red in r.reductions:
                 combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
@@ -639,19 +657,21 @@ class _Printer:
         v_elem = "v_ptr.dtype.element_ty"
         self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
         self.loop += _scaled("v", r.v)
-        self.term_factors = [deferred_constant(self.vars[node], r.v.node.meta["val"].dtype) for _, node, _ in terms]
+        self.term_factors = [deferred_constant(self.term_value(node, form), r.v.node.meta["val"].dtype)
+                             for _, node, form in terms]
         for t, (_, node, form) in enumerate(terms):
             self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, {self.dv_width}], tl.float32)")
             p_tile = f"tl.where(col_ok, {self.term_factors[t][0]}, 0.0).to({v_elem})"
             if form.scale is not None:
                 self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
-            self.loop.append(f"acc{t} = tl.dot({p_tile}, v, acc{t}{_dot_precision(r.v.node.meta['val'].dtype)})")
+            self.loop.append(f"acc{t} = {_dot(p_tile, 'v', r.v.node.meta['val'].dtype, f'acc{t}')}")
         for st in self.streams:
             for red in r.reductions:
                 if red.combine in ("max", "min"):
                     name = f"{red.node.name}{self.sfx(st)}"
                     self.loop.append(f"acc_{name} = new_{name}")
         self.epilogue(terms, out_dtype)
+        self.body = self.kernel_body()
         return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
                           out_dtype, r.D, r.Dv, configs=tuple(configs),
                           index_bound=self.index_bound,
@@ -661,12 +681,21 @@ class _Printer:
                           summaries=tuple(self.summaries), dv_split=self.dv_split,
                           unclassified=tuple(dict.fromkeys(self.unclassified)))
 
+    def term_value(self, node: fx.Node, form) -> Value:
+        """The tile of a term of P: printed in its own stream's values where it belongs to one,
+        else loaded (a term computed outside the region, ``λ·a₁`` of a second softmax that
+        another chain computes)."""
+        for stream in (form.stream, None, *self.streams):
+            if node in self.vars_of.get(stream, {}):
+                return self.vars_of[stream][node]
+        return self.arg(node, self.node_idx(node))
+
     @property
     def dv_width(self) -> str:
         """The Dv columns one program holds: all of them (``DVP``) or its part of a split."""
         return "DVP" if self.dv_split == 1 else f"(DVP // {self.dv_split})"
 
-    def partner_scores(self, j: int, partner, precision: str) -> None:
+    def partner_scores(self, j: int, partner) -> None:
         """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
         pad = partner.d != _pow2(partner.d)
         self.pre.append(f"offs_dx{j} = tl.arange(0, DXP{j})")
@@ -678,7 +707,7 @@ class _Printer:
         self.pre += _scaled(f"qx{j}", partner.q)
         self.loop.append(f"kx{j} = tl.load({k_ptr}, mask={k_mask}, other=0.0)")
         self.loop += _scaled(f"kx{j}", partner.k)
-        self.loop.append(f"sx{j} = tl.dot(qx{j}, kx{j}{precision})")
+        self.loop.append(f"sx{j} = {_dot(f'qx{j}', f'kx{j}', partner.q.node.meta['val'].dtype)}")
         self.vars[partner.view] = Value(f"sx{j}", True)
 
     def dag_node(self, node: fx.Node, reductions: dict) -> None:
@@ -743,8 +772,14 @@ class _Printer:
         if red.combine in ("max", "min"):
             fill = "float('-inf')" if red.combine == "max" else "float('inf')"
             pick = "tl.maximum" if red.combine == "max" else "tl.minimum"
-            base, c = x.scaled or (x.code, None)
-            log2 = red.combine == "max" and self.max_in_log2(red.node)
+            # the maximum is taken over the value its exponent reads: the folded ``base`` where the
+            # exponent is the multiply-add on it, else the score itself (then ``x − m ≤ 0`` exactly)
+            hom = self.r.rescales.get(red.node)
+            fma = red.combine == "max" and hom is not None and self.prints_fma(hom)
+            base, c = (x.scaled or (x.code, None)) if fma else (x.code, None)
+            log2 = fma and self.max_in_log2(red.node)
+            if fma:
+                self.saturable.append((f"{acc}", log2))
             if log2:
                 c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
@@ -993,17 +1028,22 @@ class _Printer:
             body.append(line)
         return body if replaced == set(conds) else None
 
-    def source(self) -> str:
-        """The module source. The loop over N is printed twice: over the full key tiles, where
-        ``col_ok`` is a constant true the compiler folds away (no bound checks, no masking of
-        the reductions), then over the one partial tile, if any, with the checks."""
+    def saturated_rows(self) -> list[str]:
+        """Lines that set ``saturated`` where a row of this program left the multiply-add form's
+        exact range (SATURATION_LOG2): its running maximum in exp2 units is that large, infinite
+        or NaN. Rows past ``M`` are left out."""
+        lines = [f"saturated = {ROW} < 0"]
+        for acc, log2 in self.saturable:
+            m2 = acc if log2 else f"{acc} * {LOG2E!r}"
+            lines.append(f"saturated = saturated | (({ROW} < M) & ~(tl.abs({m2}) < {SATURATION_LOG2!r}))")
+        return lines
+
+    def kernel_body(self) -> list[str]:
+        """The kernel's body, unindented. The loop over N is printed twice: over the full key
+        tiles, where ``col_ok`` is a constant true the compiler folds away (no bound checks, no
+        masking of the reductions), then over the one partial tile, if any, with the checks."""
         tile_range = self.tile_range()  # may add parameters: tensors summarized per tile
-        params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
-                            *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners)))])
-        body = ["    " + line for line in self.pre]
-        body += ["    " + line for line in tile_range]
-        body.append("    n_split = tl.minimum(hi_t, N // BLOCK_N)")
+        body = [*self.pre, *tile_range, "n_split = tl.minimum(hi_t, N // BLOCK_N)"]
         whole = ("tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)")
         full_loop = self.full_tile_loop() if self.full_proved else None
         if full_loop is None:   # whole key tiles, then the partial one
@@ -1014,12 +1054,25 @@ class _Printer:
         loops.append(("n_split" if not self.skips_tiles else "tl.maximum(lo_t, n_split)", "hi_t", "cn < N",
                       "offs_n[:, None] < N", self.loop))
         for start, stop, col_ok, row_ok, loop in loops:
-            body.append(f"    for start_n in range(({start}) * BLOCK_N, ({stop}) * BLOCK_N, BLOCK_N):")
-            body += ["        " + line for line in (
+            body.append(f"for start_n in range(({start}) * BLOCK_N, ({stop}) * BLOCK_N, BLOCK_N):")
+            body += ["    " + line for line in (
                 "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
-            body += ["        " + line for line in loop]
-        body += ["    " + line for line in self.post]
+            body += ["    " + line for line in loop]
+        if self.saturable:
+            body += self.saturated_rows()
+        return body + self.post
+
+    def source(self, exact: "_Printer | None" = None) -> str:
+        """The module source: this printer's kernel body, then, given ``exact`` (the same region
+        printed in eager's own forms, EXACT_FORMS), that body again for a program with saturated
+        rows, whose stores overwrite the first's."""
+        params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
+                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
+                            *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners)))])
+        body = ["    " + line for line in self.body]
+        if exact is not None:
+            body += ["    if tl.max(saturated.to(tl.int32)) > 0:"] + ["        " + line for line in exact.body]
         helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
         used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in body)]
         return "\n".join([
@@ -1035,6 +1088,26 @@ class _Printer:
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
+
+
+def _literal_value(code: str):
+    """The Python scalar that printers.literal printed as ``code``."""
+    return {"float('inf')": math.inf, "float('-inf')": -math.inf, "float('nan')": math.nan}.get(code) or (
+        float(code) if any(c in code for c in ".e") else int(code))
+
+
+def _folded_literal(node: fx.Node, args: list) -> Value | None:
+    """An op whose arguments are all literals (a size-one axis's index, ``arange(1)``), computed
+    now by the op itself in its own dtypes, as eager computes it: a literal. None otherwise."""
+    if not args or not all(a.is_literal for a in args) or not isinstance(node.meta.get("val"), torch.Tensor):
+        return None
+    try:
+        operands = [torch.tensor(_literal_value(v.code), dtype=a.meta["val"].dtype) if isinstance(a, fx.Node)
+                    else a for v, a in zip(args, node.args)]
+        value = node.target(*operands, **node.kwargs).item()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return Value(literal(value), is_literal=True, bound=_literal_bound(value))
 
 
 def _positive_literal(v: Value) -> float | None:
@@ -1182,6 +1255,15 @@ def deferred_constant(p: Value, v_dtype: torch.dtype) -> tuple[str, float]:
     return base, c
 
 
+def _dot(a: str, b: str, dtype: torch.dtype, acc: str = "") -> str:
+    """``tl.dot`` of tiles of ``dtype``. Triton's interpreter multiplies bf16 tiles wrongly (errors
+    of 10⁸ on unit inputs, Triton 3.6–3.9), so there both are widened to fp32 first: the same
+    exact products and fp32 sums as a GPU's bf16 dot."""
+    if interpreting() and dtype is torch.bfloat16:
+        a, b, dtype = f"{a}.to(tl.float32)", f"{b}.to(tl.float32)", torch.float32
+    return f"tl.dot({a}, {b}{', ' + acc if acc else ''}{_dot_precision(dtype)})"
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     if dtype is not torch.float32:
         return ""
@@ -1268,7 +1350,18 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> Ke
     d = region.D + sum(_pow2(p.d) for p in region.partners)
     dv_split = dv_split_of(region)
     configs = tile_configs(d, _pow2(region.Dv) // dv_split, elem_bytes, streams, len(region.terms))
-    return _Printer(region, name, dv_split).build(kinds, region.output.meta["val"].dtype, configs)
+    out_dtype = region.output.meta["val"].dtype
+    printer = _Printer(region, name, dv_split)
+    plan = printer.build(kinds, out_dtype, configs)
+    if not printer.saturable:
+        return plan
+    with config.overridden(**EXACT_FORMS):
+        exact = _Printer(region, name, dv_split)
+        exact_plan = exact.build(kinds, out_dtype, configs)
+    if (exact.args, exact.inputs, exact.summaries) != (printer.args, printer.inputs, printer.summaries):
+        return exact_plan  # the two bodies would need other launch arguments: eager's form alone
+    plan.source = printer.source(exact)
+    return plan
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

@@ -276,11 +276,19 @@ def _compare(op):
     return rule
 
 
+def _booleans(a, what: str) -> None:
+    """``&``, ``|`` of integers (``i & 1``) are bitwise: no interval rule follows them."""
+    if not all(x.is_bool for x in a):
+        raise NoInterval(f"bitwise {what} of integers")
+
+
 def _and(ip, node, a):
+    _booleans(a, "and")
     return _bool(ip.bind(f"({a[0].must}) & ({a[1].must})"), ip.bind(f"({a[0].may}) & ({a[1].may})"))
 
 
 def _or(ip, node, a):
+    _booleans(a, "or")
     return _bool(ip.bind(f"({a[0].must}) | ({a[1].must})"), ip.bind(f"({a[0].may}) | ({a[1].may})"))
 
 

@@ -10,6 +10,7 @@ import torch
 import triton
 
 from ..config import config, interpreting
+from ..internal import stage
 from . import gluon_launch, tuning
 from .cache import load_kernel
 from .emit import KernelPlan, block_dims_of
@@ -238,6 +239,10 @@ class BoundGluonLaunch:
         self.runner(*descs, out, *args, *self.tail)
 
 
+class PinRefused(ValueError):
+    """A tile pinned by the caller (tuning.pinned) that cannot run this launch: the caller's to fix."""
+
+
 class Launcher:
     """Launches one generated kernel.
 
@@ -271,7 +276,7 @@ class Launcher:
         gplan = self.plan.gluon
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
-            raise ValueError(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
+            raise PinRefused(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
         with _launching():
             return gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out,
                                        _gluon_args(gplan, tile, inputs, frame, out, sides))
@@ -329,7 +334,8 @@ class Launcher:
             if bound is not None:
                 timed[tile] = bound
 
-        tile = tile_for(plan, inputs, frame, run)
+        with stage("tuning"):
+            tile = tile_for(plan, inputs, frame, run)
         run(tile)
         if key is None or torch.cuda.is_current_stream_capturing():
             return

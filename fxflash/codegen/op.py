@@ -19,8 +19,9 @@ import threading
 import torch
 import torch.fx as fx
 
+from ..internal import InternalError, stage, warn
 from .emit import KernelPlan
-from .launch import Launcher, empty_results, replay_views
+from .launch import Launcher, PinRefused, empty_results, replay_views
 
 
 @dataclasses.dataclass
@@ -31,6 +32,7 @@ class RegisteredRegion:
     out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
     launcher: Launcher = dataclasses.field(init=False)
+    failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
 
     def __post_init__(self):
         self.launcher = Launcher(self.plan, self.kernel)
@@ -51,11 +53,16 @@ class RegisteredRegion:
     def run(self, inputs, sizes, scalars, views=None) -> list:
         """``views``: the view chains folded into a direct call (``launch.replay_views``)."""
         frame, shapes, _ = self.split(sizes)
-        if 0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame):
-            # nothing to tile (eager's semantics for empty sums), or sizes so large that the
-            # kernel's int32 index arithmetic could overflow: run the replaced ops as they were
-            return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
-        return self.launcher(inputs, sizes, frame, shapes, views)
+        if self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame)):
+            try:
+                with stage("launch", PinRefused):
+                    return self.launcher(inputs, sizes, frame, shapes, views)
+            except InternalError as exc:  # this region runs as eager from now on
+                self.failed = exc
+                warn(exc, "this region runs as eager PyTorch from now on")
+        # nothing to tile (eager's semantics for empty sums), sizes so large that the kernel's
+        # int32 index arithmetic could overflow, or a kernel that failed: the replaced ops as they were
+        return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
 
 
 _REGISTRY: dict[str, RegisteredRegion] = {}

@@ -139,6 +139,9 @@ def _to_copy(a, node):
 
 
 def _where(a, node):
+    cond = node.args[0]
+    if isinstance(cond, torch.fx.Node) and cond.meta["val"].dtype is not torch.bool:
+        return f"tl.where({a[0]} != 0, {a[1]}, {a[2]})"  # Triton's where takes booleans only
     return f"tl.where({a[0]}, {a[1]}, {a[2]})"
 
 

@@ -147,6 +147,12 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
     inside = {node_map[n] for n in region.nodes}
     at = _insertion_point(gm, [node_map[r] for r in results], inside)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    # an input the program writes in place (functionalization's copy_ into it, at the graph's end)
+    # is read before that write, as the replaced ops read it
+    writes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+              and n.args[0] in inputs and order[n] < order[at]]
+    if writes:
+        at = writes[0]
     late = [n for n in inputs if order[n] >= order[at]]
     if late:
         raise FusionRefused("rewrite", late[0], "a value the region returns is used before one of its inputs "

@@ -1,0 +1,399 @@
+"""Never wrong at the edges: extreme constants, bf16 without a GPU, internal errors, the user's
+own objects, warning-free kernels, the user's own errors.
+
+Every fused answer is checked against float64 within eager's own error (helpers.assert_accurate)
+and every test that claims a fused path checks fxflash's report (helpers.assert_fused).
+"""
+import contextlib
+import logging
+import math
+
+import pytest
+import torch
+
+import fxflash
+from fxflash import internal
+from fxflash.capture import CaptureError
+from helpers import assert_accurate, assert_fused
+
+SHAPE = (2, 2, 16, 32)
+
+
+def _qkv(dtype, m=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(SHAPE[0], SHAPE[1], m, SHAPE[3], generator=g).to(dtype)
+    k, v = (torch.randn(*SHAPE, generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def _padding(n=16):
+    """Batch 0 keeps its first 10 keys; batch 1 keeps none (every row fully masked, where eager's
+    ``finfo.min`` masks give the mean of V and ``-inf`` masks give NaN)."""
+    mask = torch.ones(2, n)
+    mask[0, 10:] = 0
+    mask[1, :] = 0
+    return mask
+
+
+def additive_mask(value):
+    def program(q, k, v, mask):  # transformers' extended attention mask
+        ext = (1.0 - mask[:, None, None, :].to(q.dtype)) * value
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + ext, dim=-1) @ v
+    return program
+
+
+def bias_tensor(value):
+    def program(q, k, v, mask):
+        bias = torch.where(mask[:, None, None, :] > 0, 0.0, value).to(q.dtype)
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + bias, dim=-1) @ v
+    return program
+
+
+def filled(value):
+    def program(q, k, v, mask):
+        s = (q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))).masked_fill(mask[:, None, None, :] == 0, value)
+        return torch.softmax(s, dim=-1) @ v
+    return program
+
+
+def saturated(factor):
+    def program(q, k, v, mask):
+        return torch.softmax((q @ k.transpose(-1, -2)) * factor, dim=-1) @ v
+    return program
+
+
+def _extremes(dtype):
+    """Finite constants that dtype holds: its extremes, and ±1e38 and ±1e30 where it holds them."""
+    fi = torch.finfo(dtype)
+    return [v for v in (fi.min, fi.max, -1e38, 1e38, -1e30, 1e30, -1e4) if abs(v) <= fi.max]
+
+
+CASES = [(dtype, form, value) for dtype in (torch.float32, torch.float16, torch.bfloat16)
+         for form in (additive_mask, bias_tensor, filled) for value in _extremes(dtype)]
+# scores × 1e4 (fp16 holds scores × 1e2 of unit inputs), and far past the multiply-add form's range
+CASES += [(dtype, saturated, f) for dtype, fs in ((torch.float32, (1e4, -1e4, 1e9)), (torch.bfloat16, (1e4, 1e9)),
+                                                    (torch.float16, (1e2, -1e2))) for f in fs]
+
+
+@pytest.mark.parametrize("dtype,form,value", CASES, ids=lambda x: getattr(x, "__name__", str(x)))
+def test_extreme_finite_values_stay_what_eager_computes(dtype, form, value, device):
+    """No rewrite (a folded scale, the bias fold, exp2 units, the max guard) turns a value eager
+    keeps finite into inf or NaN: masks, biases and fills at the dtype's extremes (fully masked
+    rows included) and saturated logits, fused, within eager's error of float64."""
+    program = form(value)
+    q, k, v = _qkv(dtype)
+    args = (q.to(device), k.to(device), v.to(device), _padding().to(device))
+    optimized = fxflash.optimize(program)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(program, args, out)
+
+
+def test_the_exact_form_reruns_only_programs_with_saturated_rows():
+    """A 16-bit kernel prints the multiply-add form and, after it, eager's own form for a program
+    whose rows left the form's range; fp32 kernels print eager's form alone."""
+    q, k, v = _qkv(torch.bfloat16)
+    mask = _padding()
+    source = fxflash.explain(additive_mask(-1e30), q, k, v, mask).regions[0].source
+    assert "tl.exp2(" in source and "if tl.max(saturated" in source and "tl.exp(" in source
+    source = fxflash.explain(additive_mask(-1e30), q.float(), k.float(), v.float(), mask).regions[0].source
+    assert "saturated" not in source and "tl.exp2(" not in source
+
+
+def test_bf16_without_a_gpu_is_right(device):
+    """Triton's interpreter multiplies bf16 tiles wrongly; the kernel widens them there."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1) @ v
+    g = torch.Generator().manual_seed(3)
+    args = tuple(torch.randn(2, 4, 64, 32, generator=g).to(torch.bfloat16).to(device) for _ in range(3))
+    optimized = fxflash.optimize(attention)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(attention, args, out)
+
+
+# -- programs that once crashed the code generator -----------------------------------------------
+
+class LearnedLambda(torch.nn.Module):
+    """Differential attention with a learned λ: two softmaxes, the second weighted by a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.lam = torch.nn.Parameter(torch.tensor(0.3))
+
+    def forward(self, q1, k1, q2, k2, v):
+        a0 = torch.softmax(q1 @ k1.transpose(-1, -2) / 8, -1)
+        a1 = torch.softmax(q2 @ k2.transpose(-1, -2) / 8, -1)
+        return (a0 - self.lam * a1) @ v
+
+
+def bitwise_and_interval(q, k, v):
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    keep = ((i & 1) == (j & 1)) & (j <= i)
+    return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def float_index_mask(q, k, v):
+    i = torch.arange(q.size(-2), device=q.device)[:, None]
+    j = torch.arange(k.size(-2), device=q.device)[None, :]
+    keep = (j.float() / 7).floor() <= (i.float() / 7).floor()
+    return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def triu_mask(q, k, v):
+    masked = torch.triu(torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device), diagonal=1)
+    return torch.softmax(torch.where(masked, float("-inf"), q @ k.transpose(-1, -2)), -1) @ v
+
+
+def tril_float_mask(q, k, v):
+    keep = torch.tril(torch.ones(q.size(-2), k.size(-2), device=q.device))
+    return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(keep == 0, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("program,m", [(LearnedLambda, 16), (bitwise_and_interval, 16), (float_index_mask, 1),
+                                       (triu_mask, 16), (tril_float_mask, 16)],
+                         ids=["learned_lambda", "bitwise_and", "float_index_mask_one_query", "triu_bool", "tril_float"])
+def test_programs_that_crashed_fuse_and_are_right(program, m, device):
+    """They fuse, run warning-free (the suite turns Triton's warnings into errors) and are right."""
+    fn = program().to(device) if isinstance(program, type) else program
+    g = torch.Generator().manual_seed(5)
+    count = 5 if isinstance(fn, LearnedLambda) else 3
+    args = [torch.randn(2, 2, m, 32, generator=g) for _ in range(count)]
+    args[1:] = [torch.randn(2, 2, 16, 32, generator=g) for _ in range(count - 1)]
+    if count == 5:  # q1, k1, q2, k2, v: the second query has the first's length
+        args[2] = torch.randn(2, 2, m, 32, generator=g)
+    args = tuple(a.to(device) for a in args)
+    optimized = fxflash.optimize(fn)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(fn, args, out)
+
+
+def test_meta_tensors_run_eagerly():
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    args = tuple(torch.empty(*SHAPE, device="meta") for _ in range(3))
+    out = fxflash.optimize(attention)(*args)
+    assert out.device.type == "meta" and out.shape == SHAPE
+    (region,) = fxflash.explain(attention, *args).regions
+    assert not region.fused and region.rule == "device"
+
+
+# -- internal errors ------------------------------------------------------------------------------
+
+def _fail(*args, **kwargs):
+    raise ZeroDivisionError("injected")
+
+
+# (stage, what to break): every one of fxflash's stages, by the name it is looked up under
+INJECTIONS = [
+    ("capture", "fxflash.capture.trace.collapse_layout_chains"),
+    ("analysis", "fxflash.pipeline.analyse"),
+    ("fusion rules", "fxflash.pipeline.build_region"),
+    ("code generation", "fxflash.codegen.emit_kernel"),
+    ("kernel compilation", "fxflash.codegen.load_kernel"),
+    ("rewrite", "fxflash.codegen.replace_region"),
+    ("tuning", "fxflash.codegen.launch.tile_for"),
+    ("launch", "fxflash.codegen.launch.Launcher.__call__"),
+]
+
+
+def test_every_stage_is_covered():
+    assert [stage for stage, _ in INJECTIONS] == list(internal.STAGES)
+
+
+@pytest.mark.parametrize("stage,target", INJECTIONS, ids=[s for s, _ in INJECTIONS])
+def test_an_internal_error_is_a_refusal_not_a_crash(stage, target, monkeypatch, device):
+    """An exception inside any stage reaches the user as one warning that names the stage and asks
+    for a report; the program runs as eager; explain() shows rule ``internal error``."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
+    args = tuple(t.to(device) for t in _qkv(torch.float32))
+    monkeypatch.setattr(target, _fail)
+    with pytest.warns(RuntimeWarning, match=f"internal error in {stage}: ZeroDivisionError: injected") as record:
+        out = fxflash.optimize(attention)(*args)
+    assert len([w for w in record if "internal error" in str(w.message)]) == 1
+    assert "please report" in str(record[0].message)
+    torch.testing.assert_close(out, attention(*args))
+    if stage in ("tuning", "launch"):
+        return  # they run at the first call; explain() runs no kernel
+    with pytest.warns(RuntimeWarning, match="internal error"):
+        report = fxflash.explain(attention, *args)
+    if stage in ("capture", "analysis"):
+        assert not report.regions and f"internal error in {stage}" in report.capture_note
+        assert f"internal error in {stage}" in str(report)
+    else:
+        (region,) = report.regions
+        assert not region.fused and region.rule == "internal error" and stage in region.reason
+
+
+# -- the user's own objects -----------------------------------------------------------------------
+
+class Cache:
+    """A key cache as transformers' DynamicCache keeps one: lists of tensors, updated in place."""
+
+    def __init__(self):
+        self.keys: list = []
+        self.seen = 0
+
+    def update(self, k):
+        self.keys.append(k)
+        self.seen += 1
+        return torch.cat(self.keys, dim=-2)
+
+
+class Mutating(torch.nn.Module):
+    """A module whose forward writes a buffer in place (which a graph replays)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, q, k, v):
+        self.calls += 1
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def appends_to_list(q, k, v, log):
+    log.append(q.sum())
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def updates_dict(q, k, v, state):
+    state["steps"] = state.get("steps", 0) + 1
+    state["last"] = k
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def updates_cache(q, k, v, cache):
+    keys = cache.update(k)
+    return torch.softmax(q @ keys.transpose(-1, -2), -1) @ keys
+
+
+def writes_input(q, k, v):
+    k.mul_(0.5)
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def _state(x, ids: bool = True):
+    """A deep picture of ``x``: containers by their items, objects by their attributes, tensors by
+    value; with ``ids``, each by its identity too."""
+    tag = id(x) if ids else None
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tag, x.detach().clone())
+    if isinstance(x, (list, tuple)):
+        return (type(x), tag, [_state(i, ids) for i in x])
+    if isinstance(x, dict):
+        return ("dict", tag, {k: _state(v, ids) for k, v in x.items()})
+    if isinstance(x, torch.nn.Module):
+        return ("module", tag, {k: _state(v, ids) for k, v in x.state_dict(keep_vars=True).items()})
+    if hasattr(x, "__dict__"):
+        return (type(x), tag, {k: _state(v, ids) for k, v in vars(x).items()})
+    return x
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("program,extra", [(appends_to_list, lambda: [[]]), (updates_dict, lambda: [{}]),
+                                           (updates_cache, lambda: [Cache()]), (writes_input, list),
+                                           (Mutating, list)],
+                         ids=["list", "dict", "cache_object", "input_tensor", "module_buffer"])
+def test_capture_leaves_the_users_objects_as_it_found_them(program, extra):
+    fn = program() if isinstance(program, type) else program
+    q, k, v = _qkv(torch.float32)
+    args = (q, k, v, *extra())
+    before = [_state(args), _state(fn)]
+    with contextlib.suppress(CaptureError):  # code with Python side effects does not trace
+        fxflash.explain(fn, *args)
+    assert _same([_state(args), _state(fn)], before), "explain() changed the call's arguments or the module"
+
+
+@pytest.mark.parametrize("program,extra", [(appends_to_list, lambda: [[]]), (updates_dict, lambda: [{}]),
+                                           (updates_cache, lambda: [Cache()])],
+                         ids=["list", "dict", "cache_object"])
+def test_python_side_effects_run_as_written(program, extra):
+    """Code that changes the Python objects it is given runs eagerly (a graph cannot replay that),
+    with one warning, and each call's side effects happen once, as eager's."""
+    q, k, v = _qkv(torch.float32)
+    eager_args, args = (q, k, v, *extra()), (q, k, v, *extra())
+    optimized = fxflash.optimize(program)
+    for call in range(2):  # a list's or dict's new items are a new signature, captured (and warned about) again
+        expected = program(*eager_args)
+        again = call == 0 or not isinstance(args[3], Cache)
+        with pytest.warns(RuntimeWarning, match="changes a") if again else contextlib.nullcontext():
+            out = optimized(*args)
+        torch.testing.assert_close(out, expected)
+        assert _same(_state(args[3], ids=False), _state(eager_args[3], ids=False))
+
+
+def test_tensor_writes_are_replayed_by_the_fused_graph():
+    """In-place writes to inputs and buffers are part of the graph: fused, and applied once per call."""
+    module = Mutating()
+    q, k, v = _qkv(torch.float32)
+    optimized = fxflash.optimize(module)
+    optimized(q, k, v)
+    optimized(q, k, v)
+    assert_fused(optimized.report(q, k, v))
+    assert module.calls.item() == 2
+    k2 = k.clone()
+    fused = fxflash.optimize(writes_input)
+    out = fused(q, k2, v)
+    assert_fused(fused.report(q, k2.clone(), v))
+    k3 = k.clone()
+    torch.testing.assert_close(out, writes_input(q, k3, v))
+    assert torch.equal(k2, k3)
+
+
+# -- the user's own errors ------------------------------------------------------------------------
+
+def test_the_users_error_is_eagers_own_and_the_code_runs_at_most_twice(capfd, caplog):
+    runs = []
+
+    def wrong(q, k, v):
+        runs.append(1)
+        return torch.softmax(q @ k, -1) @ v  # K not transposed: a shape error
+
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(RuntimeError) as eager_error:
+        wrong(q, k, v)
+    runs.clear()
+    with caplog.at_level(logging.DEBUG, logger="torch"), pytest.raises(RuntimeError) as error:
+        fxflash.optimize(wrong)(q, k, v)
+    assert str(error.value) == str(eager_error.value)
+    assert len(runs) <= 2
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "fake_tensor" not in capfd.readouterr().err
+
+
+def test_data_dependent_code_runs_as_written_once_per_call():
+    """Code whose Python control flow reads tensor values runs eagerly (a trace of one call's
+    branch would not hold for the next), with one warning; the first call's eager run, which
+    found that out, is its result: every call runs the code once after the fake trace."""
+    runs = []
+
+    def branchy(q, k, v):
+        runs.append(1)
+        s = q @ k.transpose(-1, -2)
+        if s.max() > 10:
+            s = s / 2
+        return torch.softmax(s, -1) @ v
+
+    q, k, v = _qkv(torch.float32)
+    optimized = fxflash.optimize(branchy)
+    with pytest.warns(RuntimeWarning, match="control flow reads tensor values"):
+        out = optimized(q, k, v)
+    torch.testing.assert_close(out, branchy(q, k, v))
+    assert len(runs) == 3  # the fake trace, the call, the reference above
+    runs.clear()
+    small = q / 100  # the other branch
+    torch.testing.assert_close(optimized(small, k, v), branchy(small, k, v))
+    assert len(runs) == 2
