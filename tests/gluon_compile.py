@@ -57,10 +57,11 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
         return f"tensordesc<{TYPES[dtype]}{block},{gl.NVMMASharedLayout.get_default_for(block, layout)!r}>"
 
     tile = ("gluon", consumers, block_n, nbuf, pingpong, ctas, persistent, streams, consumer_rows)
-    first = kernel.arg_names.index("out_ptr") + 1  # the TMA descriptors come before out_ptr, in _blocks's order
+    first = kernel.arg_names.index("sat_ptr") + 1  # the TMA descriptors come before out_ptr, in _blocks's order
     blocks = gluon_launch._blocks(plan, tile)
-    runtime = {name: desc(block) for name, block in zip(kernel.arg_names[:first - 1], blocks)}
+    runtime = {name: desc(block) for name, block in zip(kernel.arg_names[:first - 2], blocks)}
     runtime["out_ptr"] = f"*{TYPES[dtype]}"
+    runtime["sat_ptr"] = "*i8"  # the repair kernel's row flags
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
                         "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
@@ -86,7 +87,7 @@ def jit_specializations(plan, arg_names, frame, first) -> tuple[dict, dict]:
     divisible by 16 and every pointer get ``tt.divisibility`` 16 (vectorized loads depend on
     both). ``arg_names``: the kernel's arguments from ``first``, ``plan.args``'s. Returns (constant
     arguments, attributes by argument index)."""
-    ones, attrs = {}, {first - 1: True}  # out_ptr
+    ones, attrs = {}, {first - 2: True, first - 1: True}  # out_ptr, sat_ptr
     for index, (spec, arg) in enumerate(zip(plan.args, arg_names), start=first):
         value = {"stride": lambda: plan.input_nodes[spec[1]].meta["val"].stride(spec[2]),
                  "size": lambda: plan.input_nodes[spec[1]].meta["val"].size(spec[2]),

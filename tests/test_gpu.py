@@ -374,6 +374,49 @@ def _pinned_call(fast, args, tile):
         raise
 
 
+def _beyond_range_cases():
+    from fxflash.variants import diff_attention
+    from test_edges import additive_mask, saturated
+
+    return {"finfo_min_mask": (additive_mask(torch.finfo(torch.bfloat16).min), 3),  # batch 1's rows all masked
+            "saturated": (saturated(1e9), 3),
+            "diff_saturated": (lambda q, k, v: diff_attention(q * 3e4, k * 3e4, v), 2)}
+
+
+@needs_hopper
+@pytest.mark.parametrize("tile", [*GLUON_CONFIGS[64], *PERSISTENT_CONFIGS[64], *STREAM_CONFIGS[64]],
+                         ids=lambda t: "x".join(map(str, t[1:])))
+@pytest.mark.parametrize("case", ["finfo_min_mask", "saturated", "diff_saturated"])
+def test_gluon_kernel_repairs_rows_beyond_its_range_on_gpu(case, tile):
+    """Rows whose maximum leaves the Gluon kernel's multiply-add range (transformers' finfo.min
+    mask over a fully padded sequence, logits of 10⁹) are flagged by it and computed again by the
+    repair kernel: eager's values, on every configuration."""
+    from test_edges import assert_weighted_means
+
+    program, count = _beyond_range_cases()[case]
+    if (case == "diff_saturated") != (len(tile) > 7 and tile[7] == 2):
+        pytest.skip("two-stream configurations are differential attention's")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    shape = (2, 8 if case == "diff_saturated" else 4, 512, 64)
+    args = [torch.randn(*shape, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    if case == "diff_saturated":
+        args[2] = torch.randn(2, 4, 512, 128, generator=g, device="cuda", dtype=torch.bfloat16)
+    if count == 3:
+        mask = torch.ones(2, 512, device="cuda")
+        mask[0, 300:], mask[1] = 0, 0
+        args.append(mask)
+    fast = fxflash.optimize(program)
+    (region,) = fast.report(*args).regions
+    assert region.fused and "warp_specialize" in region.gluon_source, region.steps
+    out = _pinned_call(fast, args, tile)
+    if case == "finfo_min_mask":
+        assert_accurate(program, args, out)
+    elif case == "saturated":
+        assert_weighted_means(out, args[2], program(*args))
+    else:
+        assert torch.isfinite(out).all()
+
+
 # Persistent configurations (the tuner's, one with ping-pong); the regions without tile masks.
 PERSISTENT_TILES = {64: list(PERSISTENT_CONFIGS[64]),
                     128: list(PERSISTENT_CONFIGS[128])}

@@ -35,22 +35,32 @@ def main(name, dtype):
     _, analysis = analysed(variant.fn, *args)
     (chain,) = find_chains(analysis)
     plan = emit_kernel(build_region(analysis, chain), analysis.kinds)
-    kernel = load_kernel(plan.source, plan.name)
+    compiled = _compiled(plan, load_kernel(plan.source, plan.name), plan.args, {"out_ptr": "*" + TYPES[plan.out_dtype]})
+    helpers = sorted(h for h in GPU_HELPERS if f"{h}(" in plan.source)
+    ftz = sorted(set(re.findall(r"\b(?:ex2|rcp)\.approx\.ftz\.f32", compiled.asm["ptx"])))
+    repair = "no repair kernel"
+    if plan.repair_args is not None:  # the kernel that recomputes the rows a Gluon kernel flagged
+        _compiled(plan, load_kernel(plan.source, f"{plan.name}_repair"), plan.repair_args,
+                  {"out_ptr": "*" + TYPES[plan.out_dtype], "sat_ptr": "*i8"}, SAT_STREAMS=1)
+        repair = "repair kernel compiled"
+    print(f"compiled {name} {dtype}: GPU helpers {helpers}, approximate PTX {ftz}; {repair}")
+
+
+def _compiled(plan, kernel, specs, lead: dict, **extra):
+    """``kernel`` compiled for sm_90: ``lead`` its first parameters' types, ``specs`` the rest's."""
     types = {"ptr": lambda spec: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
              "side": lambda spec: "*fp32", "summary": lambda spec: "*i64"}
-    runtime = {"out_ptr": "*" + TYPES[plan.out_dtype]}
-    for spec, arg in zip(plan.args, kernel.arg_names[1:]):
+    runtime = dict(lead)
+    for spec, arg in zip(specs, kernel.arg_names[len(lead):]):
         runtime[arg] = types.get(spec[0], lambda spec: "i32")(spec)
-    constexprs = {**CONSTEXPRS, "D": plan.d, "DP": plan.d, "DV": plan.dv, "DVP": plan.dv}
+    constexprs = {**CONSTEXPRS, "D": plan.d, "DP": plan.d, "DV": plan.dv, "DVP": plan.dv, **extra}
     signature = {n: runtime.get(n, "constexpr") for n in kernel.arg_names}
     assert {n for n, t in signature.items() if t == "constexpr"} <= set(constexprs), signature
     constexprs = {n: v for n, v in constexprs.items() if n in signature}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
-    helpers = sorted(h for h in GPU_HELPERS if f"{h}(" in plan.source)
     assert compiled.asm.get("cubin"), "ptxas produced no cubin"
-    ftz = sorted(set(re.findall(r"\b(?:ex2|rcp)\.approx\.ftz\.f32", compiled.asm["ptx"])))
-    print(f"compiled {name} {dtype}: GPU helpers {helpers}, approximate PTX {ftz}")
+    return compiled
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ class KernelPlan:
                              # that axis the launch computes for its BLOCK_N ("summary" args)
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
     unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
+    repair_args: tuple | None = None  # the run-time parameters of ``{name}_repair`` (after out_ptr and
+                             # sat_ptr), the kernel that recomputes the rows a Gluon kernel flagged
     gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
     gluon_refusal: str = ""  # why there is none (explain())
 
@@ -1063,28 +1065,45 @@ class _Printer:
             body += self.saturated_rows()
         return body + self.post
 
-    def source(self, exact: "_Printer | None" = None) -> str:
+    def function(self, lead: tuple = ("out_ptr",), body: list | None = None, tail: tuple = ()) -> list[str]:
+        """The ``@triton.jit`` function's lines: parameters ``lead``, the run-time ones, the
+        constexprs, ``tail``; its body (this printer's by default)."""
+        params = ", ".join([*lead, *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
+                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
+                            *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners))),
+                            *tail])
+        return ["@triton.jit", f"def {self.name}({params}):", *("    " + line for line in (body or self.body))]
+
+    def source(self, exact: "_Printer | None" = None, repair: "_Printer | None" = None) -> str:
         """The module source: this printer's kernel body, then, given ``exact`` (the same region
         printed in eager's own forms, EXACT_FORMS), that body again for a program with saturated
-        rows, whose stores overwrite the first's."""
-        params = ", ".join(["out_ptr", *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
-                            *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners)))])
-        body = ["    " + line for line in self.body]
+        rows, whose stores overwrite the first's; given ``repair``, its kernel (repair_body)."""
+        body = list(self.body)
         if exact is not None:
-            body += ["    if tl.max(saturated.to(tl.int32)) > 0:"] + ["        " + line for line in exact.body]
+            body += ["if tl.max(saturated.to(tl.int32)) > 0:"] + ["    " + line for line in exact.body]
+        functions = self.function(body=body)
+        if repair is not None:
+            functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
+                                               ("SAT_STREAMS: tl.constexpr",))]
         helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
-        used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in body)]
+        used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in functions)]
         return "\n".join([
             "import triton",
             "import triton.language as tl",
             *(["from triton.language.extra import libdevice"] if not interpreting() else []),
             *used,
-            "@triton.jit",
-            f"def {self.name}({params}):",
-            *body,
+            *functions,
             "",
         ])
+
+    def repair_body(self) -> list[str]:
+        """The repair kernel's body: a program whose rows the Gluon kernel flagged (``sat_ptr``, one
+        int8 per row and softmax stream: their maximum left the multiply-add form's range) computes
+        them in this printer's form; the others return at once."""
+        at = next(i for i, line in enumerate(self.body) if line.startswith(f"{ROW} = ")) + 1
+        flags = (f"tl.load(sat_ptr + (lin.to(tl.int64) * M + {ROW}) * SAT_STREAMS + tl.arange(0, SAT_STREAMS)[None, :], "
+                 f"mask={ROW} < M, other=0)")
+        return [*self.body[:at], f"if tl.max({flags}.to(tl.int32)) > 0:", *("    " + line for line in self.body[at:])]
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
@@ -1174,12 +1193,25 @@ def _plus(node, args, sign: str) -> tuple | None:
             continue
         base, c = x.scaled
         k = repr(1 / c)
-        if not y.varies_n:
+        if not y.varies_n and _finite_over(y.code, c):
             return f"{base} {sign} {y.code} * {k}", c
-        if y.row_factor is not None:
+        if y.row_factor is not None and _finite_over(y.row_factor[0], c):
             f, b = y.row_factor
             return f"{base} {sign} ({f} * {k}) * {b}", c
     return None
+
+
+FLT_MAX = 3.4028234663852886e38
+
+
+def _finite_over(code: str, c: float) -> bool:
+    """Is ``code / c`` finite in fp32 where ``code`` is a literal (a mask's ``finfo.min`` factor
+    would overflow, and ``-inf · 0`` is NaN)? A value computed at run time may overflow too; the
+    row it reaches then leaves the multiply-add form's range and is computed again (SATURATION_LOG2)."""
+    try:
+        return abs(_literal_value(code) / c) < FLT_MAX
+    except ValueError:
+        return True
 
 
 # How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args).
@@ -1353,14 +1385,25 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> Ke
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, dv_split)
     plan = printer.build(kinds, out_dtype, configs)
-    if not printer.saturable:
-        return plan
+    if not printer.saturable and elem_bytes != 2:
+        return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) to repair
     with config.overridden(**EXACT_FORMS):
         exact = _Printer(region, name, dv_split)
         exact_plan = exact.build(kinds, out_dtype, configs)
-    if (exact.args, exact.inputs, exact.summaries) != (printer.args, printer.inputs, printer.summaries):
-        return exact_plan  # the two bodies would need other launch arguments: eager's form alone
-    plan.source = printer.source(exact)
+        # the Gluon kernel's repair: eager's form over every key tile (no tile summaries to compute)
+        repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair", dv_split)
+        repair.build(kinds, out_dtype, configs)
+    if not printer.saturable:
+        exact = None
+    elif (exact.args, exact.inputs, exact.summaries) != (printer.args, printer.inputs, printer.summaries):
+        plan, printer, exact = exact_plan, exact, None  # the two bodies would need other launch arguments
+    plan.source = printer.source(exact, repair)
+    # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its
+    # arguments refer to them by their place among the plan's
+    if all(n in printer.inputs for n in repair.inputs):
+        at = [printer.inputs.index(n) for n in repair.inputs]
+        plan.repair_args = tuple((spec[0], at[spec[1]], *spec[2:]) if spec[0] in ("ptr", "stride", "size") else spec
+                                 for spec in repair.args)
     return plan
 
 

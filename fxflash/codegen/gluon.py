@@ -88,7 +88,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
-from .emit import COL, DVC, ROW, Value, _memory_order, _Printer, _scaled, compute_dtype
+from .emit import COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -661,6 +661,8 @@ def attach(plan, region: Region, kinds: dict) -> None:
     The Gluon kernel is an optional second form of a region the Triton kernel already computes:
     a failure to print it (a bug) is reported in a warning and the reason, never raised."""
     why = refusal(region)
+    if why is None and plan.repair_args is None:
+        why = "its rows could not be repaired where they leave the multiply-add form's range (no repair kernel)"
     if why is None:
         try:
             plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon").reindexed(plan.input_nodes)
@@ -763,7 +765,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     descs = "".join(f"{t}_desc, " for t, _ in located)
     common = (f"q_desc, k_desc, v_desc, {descs}q_bufs, k_bufs, v_bufs, {''.join(f'{t}_bufs, ' for t in names)}ones, "
               f"{streams.buffers}{'o_bufs, ' if out_tma else ''}"
-              f"q_ready, q_empty, {'g_ready, q_free, ' if gates else ''}k_ready, v_ready, kv_empty, turns, out_ptr, {work}, "
+              f"q_ready, q_empty, {'g_ready, q_free, ' if gates else ''}k_ready, v_ready, kv_empty, turns, out_ptr, sat_ptr, {work}, "
               f"{', '.join(params)}")
     # each TMA-read input's first row and column in its [R, sr] matrix, as Q's
     vectors = {f"tile{j}" for j, (*_, vector) in enumerate(tiles) if vector}  # one row for all the item's rows
@@ -814,7 +816,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
+        flt_max=FLT_MAX, saturation=repr(SATURATION_LOG2), flag_streams=streams.count,
+        flag_stream="WG" if streams.count > 1 else "0", mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles), store_drain=STORE_DRAIN if out_tma else "", store_alloc=(
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
             "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),
@@ -1159,6 +1162,11 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     _release(kv_empty.index(last), TILE_LOADS)
 
+    # rows whose running maximum left the multiply-add form's exact range (emit.SATURATION_LOG2):
+    # flagged for the launch's repair kernel, which computes them again in eager's own form
+    sat_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    gl.store(sat_ptr + (lin.to(gl.int64) * M + sat_rows) * {flag_streams} + {flag_stream},
+             (~(gl.abs(m) < {saturation})).to(gl.int8), mask=sat_rows < M)
     out = acc {normalize}
     out_rows = row0 + gl.arange(0, BM, layout=o_rows)
     out_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout)){gate_read}
@@ -1170,7 +1178,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
 {consumers}
 
 @gluon.jit
-def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
+def {name}(q_desc, k_desc, v_desc, {descs}out_ptr, sat_ptr, {params}, CONSUMERS: gl.constexpr, NBUF: gl.constexpr,
            CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, ROWS_P2: gl.constexpr, PERSISTENT: gl.constexpr,
            CTAS: gl.constexpr, TMA_STORE: gl.constexpr):
     """One CTA per work item (a batch index and a block of 64·CONSUMERS rows; 64 with streams), or with

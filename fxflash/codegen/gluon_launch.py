@@ -212,12 +212,13 @@ def grid(tile, frame, device=None) -> tuple:
     return (size,)
 
 
-def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, args: list):
-    """Launch ``kernel`` (gplan's module's kernel) with configuration ``tile``; ``args``: the
-    values of ``gplan.args`` for this launch. Returns what Triton's JIT returns: the compiled
-    kernel (launch.BoundGluonLaunch calls it directly)."""
+def launch(gplan: GluonPlan, kernel, tile, inputs: list, frame, out: torch.Tensor, flags: torch.Tensor, args: list):
+    """Launch ``kernel`` (gplan's module's kernel) with configuration ``tile``; ``flags``: one int8
+    per row and stream, set where the row needs the repair kernel; ``args``: the values of
+    ``gplan.args`` for this launch. Returns what Triton's JIT returns: the compiled kernel
+    (launch.BoundGluonLaunch calls it directly)."""
     t = gluon_tile(tile)
     maxnreg, _ = register_budget(t.consumers, t.ctas)
-    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs, out), out, *args,
+    return kernel[grid(tile, frame, out.device)](*descriptors(gplan, tile, inputs, out), out, flags, *args,
                                                   **constexprs(tile, stores_by_tma(gplan, tile, frame)),
                                                   num_warps=4, maxnreg=maxnreg)

@@ -182,12 +182,26 @@ class BoundLaunch:
         self.template = template    # all kernel arguments in order, tensors left as None
         self.slots = slots          # (position, spec) of each tensor argument
         self.plan, self.block_n = plan, block_n
+        self.summarizes = any(spec[0] == "summary" for _, spec in slots)
 
-    def launch(self, out, inputs, sides) -> None:
-        summaries = tile_summaries(self.plan, inputs, self.block_n) if self.plan.summaries else ()
+    def launch(self, out, inputs, sides, flags=None) -> None:
+        """``flags``: the repair kernel's (repair_flags), its second argument."""
+        summaries = tile_summaries(self.plan, inputs, self.block_n) if self.summarizes else ()
         args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, summaries))
         args[0] = out
+        if flags is not None:
+            args[1] = flags
         self.runner(*args)
+
+
+# The repair kernel's launch (emit's ``{name}_repair``): its tile, and the launch options.
+REPAIR_TILE = (64, 64, 4, 2)
+
+
+def repair_flags(plan: KernelPlan, frame, out: torch.Tensor) -> torch.Tensor:
+    """One int8 per output row and softmax stream, each written by the Gluon kernel."""
+    streams = 2 if plan.gluon.streams > 1 else 1
+    return torch.empty(math.prod(frame[:-1]) * streams, dtype=torch.int8, device=out.device)
 
 
 class BoundGluonLaunch:
@@ -203,8 +217,9 @@ class BoundGluonLaunch:
     the views once). A plan with tile summaries takes its views and every argument at each call
     (a summary is taken along the view's axes)."""
 
-    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple):
+    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple, repair):
         self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
+        self.repair = repair    # the repair kernel's BoundLaunch
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
         self.descs = descs      # the TMA descriptors (gluon_launch.tma_inputs) built for the first call, detached
@@ -212,19 +227,22 @@ class BoundGluonLaunch:
         self.slots = [(j, spec) for j, spec in enumerate(plan.gluon.args) if spec[0] in TENSOR_KINDS]
 
     @classmethod
-    def of(cls, launcher, tile, frame, views, inputs, out, compiled) -> BoundGluonLaunch | None:
-        """The launch just made, or None where Triton's objects do not have the expected form."""
+    def of(cls, launcher, tile, frame, views, inputs, out, launched) -> BoundGluonLaunch | None:
+        """The launch just made (Gluon's compiled kernel, and the repair launch's (compiled, grid,
+        args)), or None where Triton's objects do not have the expected form."""
+        compiled, repair = launched
         names = getattr(launcher.gluon_kernel, "arg_names", None)
         gplan = launcher.plan.gluon
         consts = gluon_launch.constexprs(tile, gluon_launch.stores_by_tma(gplan, tile, frame))
-        runtime = (1 + len(gluon_launch.tma_inputs(gplan)) + (gplan.store is not None)  # the TMA descriptors,
-                   + len(gplan.args))                                                    # out_ptr, plan.args
-        if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts):
+        runtime = (2 + len(gluon_launch.tma_inputs(gplan)) + (gplan.store is not None)  # the TMA descriptors,
+                   + len(gplan.args))                                      # out_ptr, sat_ptr, plan.args
+        repair = launcher.bind(*repair, launcher.repair_constexprs(), launcher.repair_kernel, launcher.plan.repair_args)
+        if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts) or not repair:
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
         descs = gluon_launch.descriptors(launcher.plan.gluon, tile, inputs, out)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
-                   tuple(gluon_launch.rebased(d, None) for d in descs))
+                   tuple(gluon_launch.rebased(d, None) for d in descs), repair)
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
@@ -236,7 +254,9 @@ class BoundGluonLaunch:
             args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, ()))
         tensors = [inputs[i] for i in gluon_launch.tma_inputs(gplan)] + [out] * (gplan.store is not None)
         descs = [gluon_launch.rebased(desc, t) for desc, t in zip(self.descs, tensors)]
-        self.runner(*descs, out, *args, *self.tail)
+        flags = repair_flags(self.plan, self.frame, out)
+        self.runner(*descs, out, flags, *args, *self.tail)
+        self.repair.launch(out, inputs, sides, flags)
 
 
 class PinRefused(ValueError):
@@ -270,16 +290,38 @@ class Launcher:
         """The plan's Gluon kernel, loaded at its first launch (Gluon is imported on GPUs only)."""
         return load_kernel(self.plan.gluon.source, self.plan.gluon.name)
 
+    @functools.cached_property
+    def repair_kernel(self):
+        """The kernel that recomputes the rows a Gluon launch flagged (emit's ``{name}_repair``)."""
+        return load_kernel(self.plan.source, f"{self.plan.name}_repair")
+
+    def repair_constexprs(self) -> dict:
+        return {**block_dims_of(self.plan), "BLOCK_M": REPAIR_TILE[0], "BLOCK_N": REPAIR_TILE[1],
+                "SAT_STREAMS": 2 if self.plan.gluon.streams > 1 else 1}
+
     def run_gluon(self, tile, inputs, frame, out, sides):
-        """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned);
-        returns Triton's compiled kernel."""
+        """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned),
+        then the repair kernel over the rows it flagged; returns (Triton's compiled Gluon kernel,
+        the repair launch's (compiled kernel, grid, arguments))."""
         gplan = self.plan.gluon
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
             raise PinRefused(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
+        flags = repair_flags(self.plan, frame, out)
         with _launching():
-            return gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out,
-                                       _gluon_args(gplan, tile, inputs, frame, out, sides))
+            compiled = gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out, flags,
+                                           _gluon_args(gplan, tile, inputs, frame, out, sides))
+            return compiled, self.run_repair(inputs, frame, out, sides, flags)
+
+    def run_repair(self, inputs, frame, out, sides, flags) -> tuple:
+        """Launch the repair kernel: programs whose rows are flagged recompute them in eager's own
+        form (the others return at once). Returns (compiled kernel, grid, arguments)."""
+        bm, _, warps, stages = REPAIR_TILE
+        grid = (triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split,)
+        args = _kernel_args(self.plan.repair_args, LaunchValues(inputs, frame, out, sides, ()))
+        compiled = self.repair_kernel[grid](out, flags, *args, **self.repair_constexprs(), num_warps=warps,
+                                            num_stages=stages)
+        return compiled, grid, args
 
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
@@ -356,16 +398,20 @@ class Launcher:
                     if config.bind_gluon_launches else None)
         return self.bind(*launched, {**block_dims_of(self.plan), "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
 
-    def bind(self, compiled, grid, args: list, constexprs: dict) -> BoundLaunch | None:
-        """The launch just made, as a BoundLaunch; None where Triton's objects do not have the
-        expected form (then every launch goes through the JIT)."""
-        names = getattr(self.kernel, "arg_names", None)
-        runtime = 1 + len(args)  # out_ptr, then plan.args
+    def bind(self, compiled, grid, args: list, constexprs: dict, kernel=None, specs=None) -> BoundLaunch | None:
+        """The launch just made of ``kernel`` (the plan's by default; the repair kernel, whose
+        ``specs`` are plan.repair_args and whose ``sat_ptr`` follows ``out_ptr``), as a
+        BoundLaunch; None where Triton's objects do not have the expected form (then every launch
+        goes through the JIT)."""
+        kernel, specs = kernel or self.kernel, self.plan.args if specs is None else specs
+        lead = 1 if kernel is self.kernel else 2  # out_ptr (and sat_ptr), then the specs' arguments
+        names = getattr(kernel, "arg_names", None)
+        runtime = lead + len(args)
         if (not hasattr(compiled, "__getitem__") or names is None
                 or sorted(names[runtime:]) != sorted(constexprs)):
             return None
-        slots = [(1 + j, spec) for j, spec in enumerate(self.plan.args) if spec[0] in TENSOR_KINDS]
-        template = [None, *args, *(constexprs[name] for name in names[runtime:])]
+        slots = [(lead + j, spec) for j, spec in enumerate(specs) if spec[0] in TENSOR_KINDS]
+        template = [None] * lead + [*args, *(constexprs[name] for name in names[runtime:])]
         for position, _ in slots:
             template[position] = None  # hold no tensor of this call
         # Triton's launcher reads three grid axes
