@@ -102,15 +102,18 @@ def assert_weighted_means(out, v, eager):
     assert ((out.float() >= lo - slack) & (out.float() <= hi + slack)).all()
 
 
-def test_the_exact_form_reruns_only_programs_with_saturated_rows(device):
-    """A 16-bit kernel prints the multiply-add form and, after it, eager's own form for a program
-    whose rows left the form's range; fp32 kernels print eager's form alone."""
+def test_16_bit_kernels_flag_rows_for_the_repair_kernel(device):
+    """A 16-bit kernel prints the multiply-add form, flags the rows it leaves (``sat_ptr``) and
+    comes with the repair kernel in eager's own form; an fp32 kernel prints eager's form alone
+    (launched without fp contraction)."""
     q, k, v = (t.to(device) for t in _qkv(torch.bfloat16))
     mask = _padding().to(device)
-    source = fxflash.explain(additive_mask(-1e30), q, k, v, mask).regions[0].source
-    assert "tl.exp2(" in source and "if tl.max(saturated" in source and "tl.exp(" in source
+    (region,) = fxflash.explain(additive_mask(-1e30), q, k, v, mask).regions
+    fast, repair = region.source.split("def fxflash_region_repair(")
+    assert "out_ptr, sat_ptr" in fast and "tl.exp2(" in fast and "tl.store(sat_ptr" in fast
+    assert "tl.exp(" in repair and "tl.exp2(" not in repair and "if tl.max(tl.load(sat_ptr" in repair
     source = fxflash.explain(additive_mask(-1e30), q.float(), k.float(), v.float(), mask).regions[0].source
-    assert "saturated" not in source and "tl.exp2(" not in source
+    assert "sat_ptr" not in source and "tl.exp2(" not in source
 
 
 def test_bf16_without_a_gpu_is_right(device):

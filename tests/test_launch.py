@@ -79,7 +79,7 @@ def test_second_launch_of_a_layout_is_bound_with_the_jits_arguments(recorded):
     assert kinds(kernel) == ["jit", "bound"]
     (_, grid1, jit_args, jit_kwargs), (_, grid2, bound_args, _) = kernel.calls
     assert grid1 == grid2
-    constexprs = {k: v for k, v in jit_kwargs.items() if k not in ("num_warps", "num_stages")}
+    constexprs = {k: v for k, v in jit_kwargs.items() if k not in ("num_warps", "num_stages", "enable_fp_fusion")}
     names = kernel.arg_names
     assert len(bound_args) == len(names) == len(jit_args) + len(constexprs)
     assert bound_args[0] is out2 and jit_args[0] is out1

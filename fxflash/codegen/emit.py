@@ -57,9 +57,10 @@ OFFSET_GUARD = "tl.maximum({m}, -3.4028234663852886e+38, propagate_nan=tl.Propag
 # its own, so the largest score's exponent is off by up to half an ulp of ``m₂`` instead of 0; and
 # ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). While every row's
 # ``|m₂| < 2²⁶`` the error is at most 4 in the exponent, common to the row and cancelled by its
-# sum (p ≤ 16, within fp16). A program with a row beyond that (or at ±inf or NaN: an overflowed
-# fold, a fully masked row) computes its rows again in eager's own form, ``exp(t − max t)`` over
-# the same values, and stores those (_Printer.saturated_rows, emit_kernel).
+# sum (p ≤ 16, within fp16). A row beyond that (or at ±inf or NaN: an overflowed fold, a fully
+# masked row) is flagged, and the repair kernel computes it in eager's own form, ``exp(t − max t)``
+# over the same values, launched without fp contraction (a multiply fused into the subtraction
+# would round differently from the maximum: _Printer.saturated_rows, emit_kernel, launch).
 SATURATION_LOG2 = float(1 << 26)
 # The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
 EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)
@@ -90,8 +91,10 @@ class KernelPlan:
                              # that axis the launch computes for its BLOCK_N ("summary" args)
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
     unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
+    flags: bool = False      # the kernel flags the rows it leaves to the repair kernel (sat_ptr);
+                             # without, it prints eager's own form and runs without fp contraction
     repair_args: tuple | None = None  # the run-time parameters of ``{name}_repair`` (after out_ptr and
-                             # sat_ptr), the kernel that recomputes the rows a Gluon kernel flagged
+                             # sat_ptr), the kernel that recomputes the rows a kernel flagged
     gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
     gluon_refusal: str = ""  # why there is none (explain())
 
@@ -1061,8 +1064,9 @@ class _Printer:
                 "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
             body += ["    " + line for line in loop]
-        if self.saturable:
-            body += self.saturated_rows()
+        if self.saturable:  # flagged for the repair kernel (one int8 per row; streams share it)
+            body += [*self.saturated_rows(),
+                     f"tl.store(sat_ptr + lin.to(tl.int64) * M + {ROW}, saturated.to(tl.int8), mask={ROW} < M)"]
         return body + self.post
 
     def function(self, lead: tuple = ("out_ptr",), body: list | None = None, tail: tuple = ()) -> list[str]:
@@ -1074,14 +1078,11 @@ class _Printer:
                             *tail])
         return ["@triton.jit", f"def {self.name}({params}):", *("    " + line for line in (body or self.body))]
 
-    def source(self, exact: "_Printer | None" = None, repair: "_Printer | None" = None) -> str:
-        """The module source: this printer's kernel body, then, given ``exact`` (the same region
-        printed in eager's own forms, EXACT_FORMS), that body again for a program with saturated
-        rows, whose stores overwrite the first's; given ``repair``, its kernel (repair_body)."""
-        body = list(self.body)
-        if exact is not None:
-            body += ["if tl.max(saturated.to(tl.int32)) > 0:"] + ["    " + line for line in exact.body]
-        functions = self.function(body=body)
+    def source(self, repair: "_Printer | None" = None) -> str:
+        """The module source: this printer's kernel (with ``sat_ptr`` after ``out_ptr`` where it flags
+        saturated rows), and given ``repair`` (the region printed in eager's own forms,
+        EXACT_FORMS), the repair kernel (repair_body)."""
+        functions = self.function(("out_ptr", "sat_ptr") if self.saturable else ("out_ptr",))
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
                                                ("SAT_STREAMS: tl.constexpr",))]
@@ -1385,25 +1386,21 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> Ke
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, dv_split)
     plan = printer.build(kinds, out_dtype, configs)
-    if not printer.saturable and elem_bytes != 2:
-        return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) to repair
-    with config.overridden(**EXACT_FORMS):
-        exact = _Printer(region, name, dv_split)
-        exact_plan = exact.build(kinds, out_dtype, configs)
-        # the Gluon kernel's repair: eager's form over every key tile (no tile summaries to compute)
+    plan.flags = bool(printer.saturable)
+    if not plan.flags and elem_bytes != 2:
+        return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) whose rows to repair
+    with config.overridden(**EXACT_FORMS):  # eager's form over every key tile (no tile summaries)
         repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair", dv_split)
         repair.build(kinds, out_dtype, configs)
-    if not printer.saturable:
-        exact = None
-    elif (exact.args, exact.inputs, exact.summaries) != (printer.args, printer.inputs, printer.summaries):
-        plan, printer, exact = exact_plan, exact, None  # the two bodies would need other launch arguments
-    plan.source = printer.source(exact, repair)
+    plan.source = printer.source(repair)
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its
     # arguments refer to them by their place among the plan's
     if all(n in printer.inputs for n in repair.inputs):
         at = [printer.inputs.index(n) for n in repair.inputs]
         plan.repair_args = tuple((spec[0], at[spec[1]], *spec[2:]) if spec[0] in ("ptr", "stride", "size") else spec
                                  for spec in repair.args)
+    elif plan.flags:
+        raise Unprintable("the repair kernel reads a tensor the kernel does not")
     return plan
 
 

@@ -198,10 +198,26 @@ class BoundLaunch:
 REPAIR_TILE = (64, 64, 4, 2)
 
 
-def repair_flags(plan: KernelPlan, frame, out: torch.Tensor) -> torch.Tensor:
-    """One int8 per output row and softmax stream, each written by the Gluon kernel."""
-    streams = 2 if plan.gluon.streams > 1 else 1
+def repair_flags(frame, out: torch.Tensor, streams: int = 1) -> torch.Tensor:
+    """One int8 per output row (and softmax stream, for a Gluon kernel's), each written by the
+    kernel: set where the repair kernel is to compute the row again."""
     return torch.empty(math.prod(frame[:-1]) * streams, dtype=torch.int8, device=out.device)
+
+
+def _gluon_streams(plan: KernelPlan) -> int:
+    return 2 if plan.gluon.streams > 1 else 1
+
+
+class BoundRepaired:
+    """A bound launch of a kernel that flags rows (KernelPlan.flags), then the repair kernel's."""
+
+    def __init__(self, main: BoundLaunch, repair: BoundLaunch, frame):
+        self.main, self.repair, self.frame = main, repair, frame
+
+    def launch(self, out, inputs, sides) -> None:
+        flags = repair_flags(self.frame, out)
+        self.main.launch(out, inputs, sides, flags)
+        self.repair.launch(out, inputs, sides, flags)
 
 
 class BoundGluonLaunch:
@@ -236,7 +252,8 @@ class BoundGluonLaunch:
         consts = gluon_launch.constexprs(tile, gluon_launch.stores_by_tma(gplan, tile, frame))
         runtime = (2 + len(gluon_launch.tma_inputs(gplan)) + (gplan.store is not None)  # the TMA descriptors,
                    + len(gplan.args))                                      # out_ptr, sat_ptr, plan.args
-        repair = launcher.bind(*repair, launcher.repair_constexprs(), launcher.repair_kernel, launcher.plan.repair_args)
+        repair = launcher.bind(*repair, launcher.repair_constexprs(_gluon_streams(launcher.plan)), launcher.repair_kernel,
+                               launcher.plan.repair_args)
         if not hasattr(compiled, "__getitem__") or names is None or list(names[runtime:]) != list(consts) or not repair:
             return None
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
@@ -254,7 +271,7 @@ class BoundGluonLaunch:
             args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, ()))
         tensors = [inputs[i] for i in gluon_launch.tma_inputs(gplan)] + [out] * (gplan.store is not None)
         descs = [gluon_launch.rebased(desc, t) for desc, t in zip(self.descs, tensors)]
-        flags = repair_flags(self.plan, self.frame, out)
+        flags = repair_flags(self.frame, out, _gluon_streams(self.plan))
         self.runner(*descs, out, flags, *args, *self.tail)
         self.repair.launch(out, inputs, sides, flags)
 
@@ -295,9 +312,9 @@ class Launcher:
         """The kernel that recomputes the rows a Gluon launch flagged (emit's ``{name}_repair``)."""
         return load_kernel(self.plan.source, f"{self.plan.name}_repair")
 
-    def repair_constexprs(self) -> dict:
+    def repair_constexprs(self, streams: int = 1) -> dict:
         return {**block_dims_of(self.plan), "BLOCK_M": REPAIR_TILE[0], "BLOCK_N": REPAIR_TILE[1],
-                "SAT_STREAMS": 2 if self.plan.gluon.streams > 1 else 1}
+                "SAT_STREAMS": streams}
 
     def run_gluon(self, tile, inputs, frame, out, sides):
         """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned),
@@ -307,20 +324,21 @@ class Launcher:
         why = self.plan.gluon_refusal if gplan is None else gluon_launch.launch_refusal(gplan, inputs, frame, tile)
         if why:
             raise PinRefused(f"fxflash: the Gluon configuration {tile} cannot run this launch: {why}")
-        flags = repair_flags(self.plan, frame, out)
+        flags = repair_flags(frame, out, _gluon_streams(self.plan))
         with _launching():
             compiled = gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out, flags,
                                            _gluon_args(gplan, tile, inputs, frame, out, sides))
-            return compiled, self.run_repair(inputs, frame, out, sides, flags)
+            return compiled, self.run_repair(inputs, frame, out, sides, flags, _gluon_streams(self.plan))
 
-    def run_repair(self, inputs, frame, out, sides, flags) -> tuple:
+    def run_repair(self, inputs, frame, out, sides, flags, streams: int = 1) -> tuple:
         """Launch the repair kernel: programs whose rows are flagged recompute them in eager's own
-        form (the others return at once). Returns (compiled kernel, grid, arguments)."""
+        form (the others return at once), without fp contraction (SATURATION_LOG2). Returns
+        (compiled kernel, grid, arguments)."""
         bm, _, warps, stages = REPAIR_TILE
         grid = (triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split,)
         args = _kernel_args(self.plan.repair_args, LaunchValues(inputs, frame, out, sides, ()))
-        compiled = self.repair_kernel[grid](out, flags, *args, **self.repair_constexprs(), num_warps=warps,
-                                            num_stages=stages)
+        compiled = self.repair_kernel[grid](out, flags, *args, **self.repair_constexprs(streams), num_warps=warps,
+                                            num_stages=stages, enable_fp_fusion=False)
         return compiled, grid, args
 
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
@@ -369,9 +387,13 @@ class Launcher:
                 grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
                 args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides,
                                                             tile_summaries(plan, inputs, bn)))
+                flags = [repair_flags(frame, out)] if plan.flags else []
                 with _launching():
-                    launched[tile] = (kernel[grid](out, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                                   num_stages=stages), grid, args)
+                    # a kernel in eager's own form runs without fp contraction (SATURATION_LOG2)
+                    compiled = kernel[grid](out, *flags, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                            num_stages=stages, enable_fp_fusion=plan.flags)
+                    repair = self.run_repair(inputs, frame, out, sides, flags[0]) if flags else None
+                launched[tile] = (compiled, grid, args, repair)
             bound = self.bound_for(tile, launched[tile], inputs, out, frame) if key is not None else None
             if bound is not None:
                 timed[tile] = bound
@@ -387,7 +409,7 @@ class Launcher:
                 self.bound.clear()
             self.bound[key] = bound
 
-    def bound_for(self, tile, launched, inputs, out, frame, views=None) -> BoundLaunch | BoundGluonLaunch | None:
+    def bound_for(self, tile, launched, inputs, out, frame, views=None) -> BoundLaunch | BoundRepaired | BoundGluonLaunch | None:
         """The launch of ``tile`` just made (``launched``: what the Triton or Gluon JIT launch
         returned) as a bound launch, or None. Bound launches of the tiles the tuner times are
         what it times after each tile's first launch: a layout's later calls run bound, and the
@@ -396,7 +418,12 @@ class Launcher:
         if is_gluon_tile(tile):
             return (BoundGluonLaunch.of(self, tile, frame, views, inputs, out, launched)
                     if config.bind_gluon_launches else None)
-        return self.bind(*launched, {**block_dims_of(self.plan), "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
+        compiled, grid, args, repair = launched
+        main = self.bind(compiled, grid, args, {**block_dims_of(self.plan), "BLOCK_M": tile[0], "BLOCK_N": tile[1]})
+        if repair is None or main is None:
+            return main
+        repair = self.bind(*repair, self.repair_constexprs(), self.repair_kernel, self.plan.repair_args)
+        return BoundRepaired(main, repair, frame) if repair is not None else None
 
     def bind(self, compiled, grid, args: list, constexprs: dict, kernel=None, specs=None) -> BoundLaunch | None:
         """The launch just made of ``kernel`` (the plan's by default; the repair kernel, whose
@@ -404,7 +431,7 @@ class Launcher:
         BoundLaunch; None where Triton's objects do not have the expected form (then every launch
         goes through the JIT)."""
         kernel, specs = kernel or self.kernel, self.plan.args if specs is None else specs
-        lead = 1 if kernel is self.kernel else 2  # out_ptr (and sat_ptr), then the specs' arguments
+        lead = 2 if kernel is not self.kernel or self.plan.flags else 1  # out_ptr (sat_ptr), the specs' arguments
         names = getattr(kernel, "arg_names", None)
         runtime = lead + len(args)
         if (not hasattr(compiled, "__getitem__") or names is None
