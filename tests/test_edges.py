@@ -351,10 +351,10 @@ def test_python_side_effects_run_as_written(program, extra):
         assert _same(_state(args[3], ids=False), _state(eager_args[3], ids=False))
 
 
-def test_tensor_writes_are_replayed_by_the_fused_graph():
+def test_tensor_writes_are_replayed_by_the_fused_graph(device):
     """In-place writes to inputs and buffers are part of the graph: fused, and applied once per call."""
-    module = Mutating()
-    q, k, v = _qkv(torch.float32)
+    module = Mutating().to(device)
+    q, k, v = (t.to(device) for t in _qkv(torch.float32))
     optimized = fxflash.optimize(module)
     optimized(q, k, v)
     optimized(q, k, v)

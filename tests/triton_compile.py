@@ -35,7 +35,8 @@ def main(name, dtype):
     _, analysis = analysed(variant.fn, *args)
     (chain,) = find_chains(analysis)
     plan = emit_kernel(build_region(analysis, chain), analysis.kinds)
-    compiled = _compiled(plan, load_kernel(plan.source, plan.name), plan.args, {"out_ptr": "*" + TYPES[plan.out_dtype]})
+    lead = {"out_ptr": "*" + TYPES[plan.out_dtype], **({"sat_ptr": "*i8"} if plan.flags else {})}
+    compiled = _compiled(plan, load_kernel(plan.source, plan.name), plan.args, lead)
     helpers = sorted(h for h in GPU_HELPERS if f"{h}(" in plan.source)
     ftz = sorted(set(re.findall(r"\b(?:ex2|rcp)\.approx\.ftz\.f32", compiled.asm["ptx"])))
     repair = "no repair kernel"

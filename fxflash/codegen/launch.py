@@ -194,8 +194,14 @@ class BoundLaunch:
         self.runner(*args)
 
 
-# The repair kernel's launch (emit's ``{name}_repair``): its tile, and the launch options.
+# The repair kernel's launch (emit's ``{name}_repair``): its tile, and its programs per
+# multiprocessor, each walking row tiles (emit._Printer.repair_body).
 REPAIR_TILE = (64, 64, 4, 2)
+REPAIR_PROGRAMS = 4
+
+
+def _multiprocessors(device: torch.device) -> int:
+    return gluon_launch._multiprocessors(device.index) if device.type == "cuda" else 1
 
 
 def repair_flags(frame, out: torch.Tensor, streams: int = 1) -> torch.Tensor:
@@ -335,7 +341,8 @@ class Launcher:
         form (the others return at once), without fp contraction (SATURATION_LOG2). Returns
         (compiled kernel, grid, arguments)."""
         bm, _, warps, stages = REPAIR_TILE
-        grid = (triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split,)
+        tiles = triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split
+        grid = (max(1, min(tiles, REPAIR_PROGRAMS * _multiprocessors(out.device))),)
         args = _kernel_args(self.plan.repair_args, LaunchValues(inputs, frame, out, sides, ()))
         compiled = self.repair_kernel[grid](out, flags, *args, **self.repair_constexprs(streams), num_warps=warps,
                                             num_stages=stages, enable_fp_fusion=False)
