@@ -42,7 +42,7 @@ def main(name, dtype):
     repair = "no repair kernel"
     if plan.repair_args is not None:  # the kernel that recomputes the rows a Gluon kernel flagged
         _compiled(plan, load_kernel(plan.source, f"{plan.name}_repair"), plan.repair_args,
-                  {"out_ptr": "*" + TYPES[plan.out_dtype], "sat_ptr": "*i8"}, SAT_STREAMS=1)
+                  {"out_ptr": "*" + TYPES[plan.out_dtype], "sat_ptr": "*i8"}, SAT_STREAMS=1, REPAIR_SCAN=16)
         repair = "repair kernel compiled"
     print(f"compiled {name} {dtype}: GPU helpers {helpers}, approximate PTX {ftz}; {repair}")
 

@@ -605,17 +605,9 @@ class _Printer:
     def build(self, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
         r = self.r
         fb = self.begin(kinds)
-        self.pre.append("pid = tl.program_id(0)")
-        dv_start = ""  # this program's first Dv column
-        if self.dv_split > 1:  # the parts of one row tile run side by side, sharing its K/V tiles in L2
-            self.pre += [f"dvb = pid % {self.dv_split}", f"pid = pid // {self.dv_split}"]
-            dv_start = f"dvb * {self.dv_width} + "
-        self.pre += [
-            "n_mt = tl.cdiv(M, BLOCK_M)",
-            "mt = n_mt - 1 - pid % n_mt" if config.heavy_rows_first else "mt = pid % n_mt",
-            "lin = pid // n_mt",
-            "rest = lin",
-        ]
+        self.pre += ["pid = tl.program_id(0)", *self.tile_of("pid"), "rest = lin"]
+        # the parts of one row tile run side by side, sharing its K/V tiles in L2
+        dv_start = f"dvb * {self.dv_width} + " if self.dv_split > 1 else ""  # this program's first Dv column
         for i in reversed(range(fb)):
             self.pre += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
         self.pre += [
@@ -694,6 +686,16 @@ class _Printer:
             if node in self.vars_of.get(stream, {}):
                 return self.vars_of[stream][node]
         return self.arg(node, self.node_idx(node))
+
+    def tile_of(self, pid: str, x: str = "") -> list[str]:
+        """Lines that map the program id ``pid`` (a scalar, or a vector of them) to its part of the
+        Dv columns ``dvb{x}``, its row tile ``mt{x}`` and its flat batch index ``lin{x}``."""
+        lines = ["n_mt = tl.cdiv(M, BLOCK_M)"]
+        if self.dv_split > 1:
+            lines += [f"dvb{x} = {pid} % {self.dv_split}", f"tile{x} = {pid} // {self.dv_split}"]
+            pid = f"tile{x}"
+        return lines + [f"mt{x} = n_mt - 1 - {pid} % n_mt" if config.heavy_rows_first else f"mt{x} = {pid} % n_mt",
+                        f"lin{x} = {pid} // n_mt"]
 
     @property
     def dv_width(self) -> str:
@@ -1085,7 +1087,7 @@ class _Printer:
         functions = self.function(("out_ptr", "sat_ptr") if self.saturable else ("out_ptr",))
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
-                                               ("SAT_STREAMS: tl.constexpr",))]
+                                               ("SAT_STREAMS: tl.constexpr", "REPAIR_SCAN: tl.constexpr"))]
         helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
         used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in functions)]
         return "\n".join([
@@ -1098,20 +1100,31 @@ class _Printer:
         ])
 
     def repair_body(self) -> list[str]:
-        """The repair kernel's body: a small grid of programs walks the row tiles (``item``, the
-        kernel's program ids); a tile with a row the kernel flagged (``sat_ptr``, one int8 per row
-        and softmax stream: its maximum left the multiply-add form's range) is computed in this
-        printer's form. One program per tile cost the Evoformer at B=8 9 % (32768 programs that
-        read 64 flags each)."""
+        """The repair kernel's body: a grid of a few programs per multiprocessor scans the row
+        flags that the kernel stored (``sat_ptr``, one int8 per row and softmax stream: the row's
+        maximum left the multiply-add form's range) for REPAIR_SCAN row tiles at once, and computes
+        each tile with a flagged row in this printer's form. One program per tile cost the
+        Evoformer at B=8 9 % on an H200 (32768 programs reading 64 flags each), and so did one
+        program walking tile after tile, one dependent load each."""
         assert self.body[0] == "pid = tl.program_id(0)", self.body[0]
-        at = next(i for i, line in enumerate(self.body) if line.startswith(f"{ROW} = ")) + 1
-        flags = (f"tl.load(sat_ptr + (lin.to(tl.int64) * M + {ROW}) * SAT_STREAMS + tl.arange(0, SAT_STREAMS)[None, :], "
-                 f"mask={ROW} < M, other=0)")
         items = " * ".join(["tl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(len(self.frame_shape) - 2)),
                             str(self.dv_split)])
-        tile = ["pid = item", *self.body[1:at], f"if tl.max({flags}.to(tl.int32)) > 0:",
-                *("    " + line for line in self.body[at:])]
-        return [f"for item in range(tl.program_id(0), {items}, tl.num_programs(0)):", *("    " + line for line in tile)]
+        scan = "tl.arange(0, REPAIR_SCAN)"
+        rows = f"(mt_v * BLOCK_M)[:, None] + tl.arange(0, BLOCK_M)[None, :]"
+        return [
+            f"n_items = {items}",
+            "for first in range(tl.program_id(0) * REPAIR_SCAN, n_items, tl.num_programs(0) * REPAIR_SCAN):",
+            *("    " + line for line in [
+                f"items_v = first + {scan}", *self.tile_of("items_v", "_v"),
+                f"ok = ({rows} < M) & (items_v < n_items)[:, None]",
+                f"at = (lin_v.to(tl.int64) * M)[:, None] + {rows}",
+                "flagged = tl.zeros([REPAIR_SCAN], tl.int32)",
+                "for stream in tl.static_range(SAT_STREAMS):",
+                "    flagged = tl.maximum(flagged, tl.max(tl.load(sat_ptr + at * SAT_STREAMS + stream, mask=ok, "
+                "other=0).to(tl.int32), 1))",
+                "for j in range(0, REPAIR_SCAN):",
+                f"    if tl.max(tl.where({scan} == j, flagged, 0)) > 0:",
+                *("        " + line for line in ["pid = first + j", *self.body[1:]])])]
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}

@@ -194,10 +194,11 @@ class BoundLaunch:
         self.runner(*args)
 
 
-# The repair kernel's launch (emit's ``{name}_repair``): its tile, and its programs per
-# multiprocessor, each walking row tiles (emit._Printer.repair_body).
+# The repair kernel's launch (emit's ``{name}_repair``): its tile, its programs per multiprocessor,
+# and the row tiles whose flags one program reads at once (emit._Printer.repair_body).
 REPAIR_TILE = (64, 64, 4, 2)
 REPAIR_PROGRAMS = 4
+REPAIR_SCAN = 16
 
 
 def _multiprocessors(device: torch.device) -> int:
@@ -320,7 +321,7 @@ class Launcher:
 
     def repair_constexprs(self, streams: int = 1) -> dict:
         return {**block_dims_of(self.plan), "BLOCK_M": REPAIR_TILE[0], "BLOCK_N": REPAIR_TILE[1],
-                "SAT_STREAMS": streams}
+                "SAT_STREAMS": streams, "REPAIR_SCAN": REPAIR_SCAN}
 
     def run_gluon(self, tile, inputs, frame, out, sides):
         """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned),
@@ -342,7 +343,7 @@ class Launcher:
         (compiled kernel, grid, arguments)."""
         bm, _, warps, stages = REPAIR_TILE
         tiles = triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split
-        grid = (max(1, min(tiles, REPAIR_PROGRAMS * _multiprocessors(out.device))),)
+        grid = (max(1, min(triton.cdiv(tiles, REPAIR_SCAN), REPAIR_PROGRAMS * _multiprocessors(out.device))),)
         args = _kernel_args(self.plan.repair_args, LaunchValues(inputs, frame, out, sides, ()))
         compiled = self.repair_kernel[grid](out, flags, *args, **self.repair_constexprs(streams), num_warps=warps,
                                             num_stages=stages, enable_fp_fusion=False)
