@@ -1,11 +1,14 @@
 """Dimension ids, op kinds and sketches on decomposed graphs (the paper's examples)."""
 import math
 
+import pytest
 import torch
 
 from fxflash.analysis import OpKind
 from fxflash.patterns import find_chains
 from helpers import aten, analysed, nodes_with
+
+pytestmark = pytest.mark.fusion_independent  # analysis and capture, no kernel
 
 
 def test_elementwise_add_sketch_has_two_parallel_dims_and_no_reduction():

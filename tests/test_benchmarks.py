@@ -25,6 +25,7 @@ def _write_csv(path, rows):
     return path
 
 
+@pytest.mark.fusion_independent
 def test_speedups_table_and_plot(tmp_path):
     rows = [_row("causal", "fxflash", "1.0"), _row("causal", "flex_kernel", "1.5"),
             _row("causal", "flex_blockmask", "0.5"), _row("causal", "eager", "nan"),
@@ -43,6 +44,7 @@ def test_speedups_table_and_plot(tmp_path):
     assert (tmp_path / "suite_GPU_X.png").stat().st_size > 10_000
 
 
+@pytest.mark.fusion_independent
 def test_roofline_floors_and_what_a_target_needs(tmp_path):
     """roofline.py: the floor is the busiest unit's time for the work one fused pass cannot avoid
     (every score's Q·Kᵀ and every stream's P·V on the tensor cores; inputs and output once
@@ -85,6 +87,7 @@ def test_roofline_floors_and_what_a_target_needs(tmp_path):
     assert evo_row["unit"] == "hbm" and "SDPA" not in roofline.table([evo_row])   # not tensor-bound
 
 
+@pytest.mark.fusion_independent
 def test_only_a_part_is_measured_again(tmp_path):
     """``suite.py --only`` drops the rows of the parts it names (softmax: at its seqlens) and
     keeps every other row, so that the part is measured again rather than skipped."""
@@ -147,6 +150,7 @@ def test_probe_edits_keep_each_kernel_s_result(monkeypatch):
     assert applied == set(probe_edits.EDITS)
 
 
+@pytest.mark.fusion_independent
 def test_probe_core_loop_switches_keep_attention():
     """probe_core_loop's hand kernel computes softmax attention with each switch that runs
     without a GPU (pointer loads; LAZY, AHEAD, EMU alone): the probe times equal programs.
@@ -206,6 +210,7 @@ def _gluon_source(name: str, tma: bool = False, d: int = 64) -> str:
         return emit_gluon(*region_and_kinds(VARIANTS[name].fn, *args)).source
 
 
+@pytest.mark.fusion_independent
 @needs_gluon
 @pytest.mark.parametrize("edit, variant, tile, d, tma", GLUON_EDITS)
 def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
@@ -224,6 +229,7 @@ def test_probe_gluon_edits_compile_for_hopper(edit, variant, tile, d, tma):
     assert f"compiled {variant} edited by {edit}" in compiled, compiled
 
 
+@pytest.mark.fusion_independent
 def test_ab_setting_holds_each_side_s_settings_in_its_calls(monkeypatch):
     """ab_setting's sides A and B each run with their settings in every call, not only at the
     first (``config.gluon`` is read at each launch: both sides once timed the same kernel); the

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fxflash
+from helpers import assert_fused
 from fxflash.capture import capture, signature_of
 from fxflash.variants import VARIANTS, Shape, vanilla
 from helpers import aten, nodes_with
@@ -15,6 +16,7 @@ def _qkv(m=6, n=6, d=8):
     return torch.randn(1, 2, m, d), torch.randn(1, 2, n, d), torch.randn(1, 2, n, d)
 
 
+@pytest.mark.fusion_independent
 def test_graph_is_functional_decomposed_and_annotated():
     q, k, v = _qkv()
     mask = torch.ones(6, 6).tril()
@@ -29,11 +31,13 @@ def test_graph_is_functional_decomposed_and_annotated():
         assert nodes_with(gm, op), op
 
 
+@pytest.mark.fusion_independent
 def test_log_softmax_is_decomposed():
     gm = capture(lambda x: torch.log_softmax(x, -1), (torch.randn(3, 4),)).graph_module
     assert nodes_with(gm, aten.amax) and nodes_with(gm, aten.log)
 
 
+@pytest.mark.fusion_independent
 def test_shape_control_flow_and_optional_arguments():
     def f(q, k, v, mask=None, scale=None):
         scale = scale if scale is not None else 1 / math.sqrt(q.size(-1))
@@ -50,6 +54,7 @@ def test_shape_control_flow_and_optional_arguments():
     torch.testing.assert_close(fast(q, k, v, mask, 0.5), f(q, k, v, mask, 0.5))
 
 
+@pytest.mark.fusion_independent
 def test_data_dependent_control_flow_runs_eagerly():
     """A trace takes one branch; the next call's values may take the other: such code runs as
     written, each call's branch its own."""
@@ -64,6 +69,7 @@ def test_data_dependent_control_flow_runs_eagerly():
     torch.testing.assert_close(fast(-torch.ones(3)), f(-torch.ones(3)))
 
 
+@pytest.mark.fusion_independent
 def test_untraceable_code_runs_eagerly_with_a_warning():
     def f(x):
         return torch.tensor(x.tolist()[::-1]) + x.numpy().sum()  # leaves the tensor world
@@ -97,6 +103,7 @@ def test_module_parameters_stay_live():
         model.temperature.fill_(2.0)
     torch.testing.assert_close(fast(x), model(x))
     assert len(fast._optimizer.cache) == 1
+    assert_fused(fast.report(x))  # the parameters are read live by the fused graph, not by eager
 
 
 def test_training_step_through_optimized_module_matches_eager():
@@ -107,11 +114,13 @@ def test_training_step_through_optimized_module_matches_eager():
     fast = fxflash.optimize(model)
     x = torch.randn(2, 5, 8)
     fast(x).square().sum().backward()
+    assert_fused(fast.report(x))
     ref(x).square().sum().backward()
     for p, r in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, r.grad)
 
 
+@pytest.mark.fusion_independent
 def test_signature_changes_respecialize_and_cache_is_bounded():
     fast = fxflash.optimize(lambda x: torch.softmax(x, -1), cache_size=2)
     for n in (3, 4, 5):
@@ -147,6 +156,7 @@ def test_concurrent_first_calls_build_once():
     assert len(outs) == 4 and all(torch.allclose(o, ref, atol=1e-5) for o in outs)
 
 
+@pytest.mark.fusion_independent
 def test_bad_argument_to_optimize():
     with pytest.raises(TypeError, match="nn.Module or a function"):
         fxflash.optimize(42)

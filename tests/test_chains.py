@@ -7,6 +7,8 @@ import torch
 from fxflash.variants import VARIANTS, Shape, vanilla
 from helpers import chains_of
 
+pytestmark = pytest.mark.fusion_independent  # analysis and capture, no kernel
+
 REDUCTION_FREE = {"sigmoid_attention", "relu_attention"}  # P·V is the only reduction over N
 SHAPES = {
     "mha": Shape(B=2, H=4, Hkv=4, M=9, N=9, D=8, Dv=8),

@@ -25,6 +25,7 @@ def test_explain_prints_the_fused_region_and_its_transformations(name):
         assert step in result.stdout
 
 
+@pytest.mark.fusion_independent
 def test_explain_names_the_rule_that_refused_a_candidate():
     result = _cli("explain", f"{EXAMPLE}:softmax_over_queries")
     assert result.returncode == 0, result.stderr
@@ -45,6 +46,7 @@ def test_render_and_source(tmp_path):
     ("missing.py:f", "no such script"),
     (EXAMPLE, "expected path/to/script.py:function"),
 ])
+@pytest.mark.fusion_independent
 def test_mistakes_exit_2_with_what_to_do(target, message):
     result = _cli("explain", target)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

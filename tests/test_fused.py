@@ -13,7 +13,8 @@ import fxflash
 from fxflash.codegen import emit
 from fxflash.patterns.rules import LN2, LOG2E
 from fxflash.variants import VARIANTS, Shape
-from helpers import assert_accurate
+from fxflash.backend import recent_reports
+from helpers import assert_accurate, assert_fused
 
 SOFTMAX_FAMILY = [
     "vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum_bshd", "gqa_repeat_interleave", "gqa_expand",
@@ -96,7 +97,9 @@ def test_fully_masked_rows_are_nan_as_in_eager():
     mask[:, :, 3] = False              # row 3 sees no key: eager gives NaN
     mask[:, :, 5, :16] = False         # row 5 loses its whole first key tile only
     fn = VARIANTS["vanilla"].fn
-    out = fxflash.optimize(fn)(q, k, v, mask)
+    fast = fxflash.optimize(fn)
+    out = fast(q, k, v, mask)
+    assert_fused(fast.report(q, k, v, mask))
     ref = fn(q, k, v, mask)
     assert torch.isnan(out[:, :, 3]).all() and torch.isnan(ref[:, :, 3]).all()
     assert not torch.isnan(out[:, :, 5]).any()
@@ -110,7 +113,9 @@ def test_large_negative_bias_after_an_empty_tile():
     q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
     bias = torch.full((37,), -1e9)
     bias[:16] = float("-inf")        # first tile empty, the rest hugely negative
-    out = fxflash.optimize(fn)(q, k, v, bias)
+    fast = fxflash.optimize(fn)
+    out = fast(q, k, v, bias)
+    assert_fused(fast.report(q, k, v, bias))
     assert not torch.isnan(out).any()
     assert_accurate(fn, (q, k, v, bias), out)
 
@@ -120,7 +125,9 @@ def test_training_through_a_fused_region_matches_eager_gradients():
     args = VARIANTS["alibi"].inputs(SHAPES["odd"])
     leaves = [a.clone().requires_grad_() for a in args]
     ref_leaves = [a.clone().requires_grad_() for a in args]
-    out = fxflash.optimize(fn)(*leaves)
+    fast = fxflash.optimize(fn)
+    out = fast(*leaves)
+    assert_fused(fast.report(*leaves))
     ref = fn(*ref_leaves)
     grad = torch.randn_like(ref)
     out.backward(grad)
@@ -195,6 +202,7 @@ def test_torch_compile_runs_the_fused_kernel(inner):
     args = variant.inputs(SHAPES["odd"])
     compiled = torch.compile(variant.fn, backend="fxflash", options={"inner": inner})
     assert_accurate(variant.fn, args, compiled(*args))
+    assert_fused(recent_reports[-1])
 
 
 def test_one_kernel_source_serves_every_sequence_length():
@@ -203,10 +211,10 @@ def test_one_kernel_source_serves_every_sequence_length():
     for m, n in ((17, 17), (40, 40), (33, 50)):
         shape = dataclasses.replace(SHAPES["odd"], M=m, N=n)
         args = variant.inputs(shape)
-        (region,) = fxflash.explain(variant.fn, *args).regions
+        (region,) = assert_fused(fxflash.explain(variant.fn, *args))
         sources.add(region.source)
         assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
-    assert len(sources) == 1
+    assert len(sources) == 1 and sources != {""}
 
 
 @pytest.mark.parametrize("name", ["sliding_window", "gqa_expand", "document_mask", "evoformer_row", "einsum_bshd"])
@@ -266,6 +274,7 @@ def test_document_ids_are_compared_per_tile_not_materialized():
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
+@pytest.mark.fusion_independent
 def test_tile_configs_fit_shared_memory():
     from fxflash.codegen.emit import tile_configs
 
@@ -380,6 +389,7 @@ def test_the_mask_bias_is_computed_in_the_kernel_from_the_mask(name, setting, li
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
+@pytest.mark.fusion_independent
 def test_the_vector_producer_limit_reads_symbolic_sizes_without_a_guard():
     """torch.compile with dynamic shapes hands emit symbolic frame sizes: the limit on vector
     producers reads a size by its example value, or as over the limit where it has none, and
@@ -410,6 +420,7 @@ def test_quiet_softmax_of_a_fully_masked_row_is_zero_as_in_eager():
     assert_accurate(softmax_one, (q, k, v, keep), out)
 
 
+@pytest.mark.fusion_independent
 def test_plain_mm_chains_and_softmax_over_queries_stay_eager():
     for name in ("mlp", "softmax_over_queries"):
         variant = VARIANTS[name]
@@ -581,8 +592,8 @@ def test_a_positive_score_scale_is_folded_past_a_bias_constant_along_the_keys(fn
     monkeypatch.setattr(fxflash.config, "fold_scale_add", fold_add)
     args = VARIANTS["vanilla"].inputs(SHAPES["odd"], torch.float16)
     c = c or 1 / math.sqrt(args[0].size(-1))
-    source = fxflash.explain(fn, *args).regions[0].source
-    assert (f"* {c * LOG2E!r} - mu_amax" in source) == (fold_add and folds)
+    (region,) = assert_fused(fxflash.explain(fn, *args))
+    assert (f"* {c * LOG2E!r} - mu_amax" in region.source) == (fold_add and folds)
     assert_accurate(fn, args, fxflash.optimize(fn)(*args))
 
 
@@ -675,6 +686,7 @@ def test_a_softmax_denominator_is_applied_as_one_reciprocal_per_row(reciprocal, 
 @pytest.mark.parametrize("name,helper,ptx", [("sigmoid_attention", "_fx_sigmoid", "rcp.approx.ftz.f32"),
                                              ("evoformer_row", "_fx_sigmoid", "rcp.approx.ftz.f32"),
                                              ("softcap", "_fx_tanh", "ex2.approx.ftz.f32")])
+@pytest.mark.fusion_independent
 def test_kernels_with_gpu_helpers_compile_for_hopper(name, helper, ptx):
     """The kernel as printed for a GPU (printers.GPU_HELPERS: libdevice's tanh, a sigmoid from the
     special-function unit's approximate exp2 and reciprocal in inline PTX — what the interpreter

@@ -68,6 +68,7 @@ def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
     assert region.steps[-1].startswith("Gluon kernel (Hopper): none") and reason in region.steps[-1]
 
 
+@pytest.mark.fusion_independent
 @needs_gluon
 @pytest.mark.parametrize("lam,combined", [(0.5, "out = out - other * 0.5"), (-0.25, "out = out + other * 0.25")])
 def test_two_softmax_streams_get_one_consumer_each(lam, combined):
@@ -178,6 +179,7 @@ def test_a_k_scale_other_than_a_power_of_two_is_refused():
     assert "K scaled before the matmul by a factor other than a positive power of two" in region.steps[-1]
 
 
+@pytest.mark.fusion_independent
 def test_a_sum_not_over_the_shifted_exponential_is_named():
     """Quiet softmax sums exp(x − m) plus exp(−m): softmax_of names why that is no softmax (its
     rule is checked after the region rules, which refuse this region first for its row ops)."""
@@ -193,6 +195,7 @@ def test_head_dims_outside_64_and_128_get_none():
     assert not region.gluon_source and "head dims" in region.steps[-1]
 
 
+@pytest.mark.fusion_independent
 @needs_gluon
 @pytest.mark.parametrize("d,dv", [(64, 128), (128, 64)])
 def test_v_may_have_a_head_dim_other_than_q_and_k(d, dv):
@@ -211,6 +214,7 @@ def test_v_may_have_a_head_dim_other_than_q_and_k(d, dv):
     assert shared_bytes(tile, d, 2, 0, dv) - shared_bytes(tile, d) == tile[3] * tile[2] * (dv - d) * 2
 
 
+@pytest.mark.fusion_independent
 def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     assert to_gluon("t1 = tl.where(c, tl.exp2(x), tl.maximum(a, b))") == \
         "t1 = gl.where(c, gl.exp2(x), gl.maximum(a, b))"
@@ -249,6 +253,7 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("evoformer_row", "bfloat16", 64, (1, 64, 2, 0, 2, 1, 1, 128), "0"),  # 128 rows per consumer
     ("vanilla", "float16", 64, (1, 64, 2, 0, 2, 1, 1, 128), "0"),
 ])
+@pytest.mark.fusion_independent
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     """Each configuration the tuner may time compiles for sm_90 (layouts, shared memory,
     register budget), with Triton's ptxas and no GPU; its shared memory is the buffers that
@@ -266,6 +271,7 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
 @needs_gluon
 @pytest.mark.parametrize("tma, vectors, producers", [(True, True, True), (True, True, False), (True, False, True),
                                                      (False, True, True)])
+@pytest.mark.fusion_independent
 def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, producers, monkeypatch):
     """The Evoformer's pair bias ([B, 1, H, S, S]: a [rows, keys] tile per key tile) is read by the
     loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), with
@@ -302,6 +308,7 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, producers, monkeyp
                               len(plan.tiles) - len(plan.vectors), None, len(plan.vectors)))
 
 
+@pytest.mark.fusion_independent
 @pytest.mark.parametrize("setting", [True, False])
 def test_a_gated_output_is_stored_by_tma_through_the_q_buffers(setting, monkeypatch):
     """The Evoformer's output ([B, N_seq, S, H, D]: its rows on axis 2 after the code's transposes,
@@ -328,6 +335,7 @@ def test_a_gated_output_is_stored_by_tma_through_the_q_buffers(setting, monkeypa
     assert not gluon_launch.stores_by_tma(plan, tiles[0], [2, 4, 200, 256])
 
 
+@pytest.mark.fusion_independent
 @needs_gluon
 def test_the_output_stored_by_tma_is_one_row_matrix_with_a_consumer_s_rows_per_block():
     """The output's TMA descriptor (the last) reads it as [rows, H·D] with one consumer's rows per
@@ -347,12 +355,14 @@ def test_the_output_stored_by_tma_is_one_row_matrix_with_a_consumer_s_rows_per_b
     assert gluon_launch.grid(("gluon", 1, 64, 2, 0, 2, 0, 1, 128), [2, 4, 200, 256]) == (2 * 4 * 2,)  # 128-row items
 
 
+@pytest.mark.fusion_independent
 @needs_gluon
 def test_row_sums_are_added_up_with_the_setting_off():
     compiled = compile_for_hopper("vanilla", "bfloat16", 64, (3, 128, 3, 0, 1), FXFLASH_GLUON_MMA_ROW_SUM="0")
     assert "row sums added up" in compiled, compiled
 
 
+@pytest.mark.fusion_independent
 def test_rows_view_follows_tma_rules():
     q = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16)
     assert _rows_view_refusal(q, 64) is None and _rows_total(q) == 800
@@ -403,6 +413,7 @@ def _strided(data, d):
     return storage.as_strided(shape, strides)
 
 
+@pytest.mark.fusion_independent
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_every_batch_item_is_a_block_of_the_rows_matrix(data):
@@ -425,6 +436,7 @@ def test_every_batch_item_is_a_block_of_the_rows_matrix(data):
         assert torch.equal(block, t[index]), (t.shape, t.stride(), index)
 
 
+@pytest.mark.fusion_independent
 def test_heads_inside_a_row_are_accepted_in_the_layouts_users_write():
     """[B, S, H, D] transposed to [B, H, S, D], GQA's expanded K of that layout, and the
     Evoformer's row and column views: no refusal (the property test above checks the blocks)."""
@@ -513,6 +525,7 @@ def test_a_pinned_gluon_configuration_that_cannot_run_says_why():
         fast(*args)
 
 
+@pytest.mark.fusion_independent
 def test_every_configuration_fits_its_share_of_an_sm():
     """Each configuration's CTAs per SM fit Hopper's registers and shared memory together, and
     the consumers keep at least the three-consumer kernel's 160 registers (no spills at 160,

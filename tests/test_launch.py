@@ -178,6 +178,7 @@ def triton_grid(q, block_m):
     return math.ceil(q.shape[-2] / block_m) * q.shape[0] * q.shape[1]
 
 
+@pytest.mark.fusion_independent
 def test_exact_key_stands_for_the_signature():
     x = torch.randn(3, 4)
     same = [(x, 0.5), (x.clone(), 0.5)]
@@ -211,6 +212,7 @@ def test_view_ops_on_inputs_are_folded_into_the_call_and_bound_launches_read_the
         assert any(a is base for a in bound_args)
 
 
+@pytest.mark.fusion_independent
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 3, 1, 5), (2, 0, 4, 1)])
 def test_results_are_allocated_in_eager_layout_at_once(shape):
     """empty_results allocates the result at the strides of a dense tensor in ``out_order``

@@ -9,6 +9,8 @@ from fxflash.capture import capture
 from fxflash.capture.layout_chains import collapse_layout_chains
 from fxflash.variants import VARIANTS, Shape
 
+pytestmark = pytest.mark.fusion_independent  # analysis and capture, no kernel
+
 aten = torch.ops.aten
 
 

@@ -37,6 +37,7 @@ def test_the_tour_executes_without_error():
         assert step in text
 
 
+@pytest.mark.fusion_independent
 def test_the_committed_copy_keeps_the_outputs_of_a_gpu_run():
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     text = _text(notebook)

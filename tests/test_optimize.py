@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import fxflash
+from fxflash.backend import recent_reports
 from fxflash.variants import VARIANTS, Shape
+from helpers import assert_fused
 
 SHAPE = Shape(B=2, H=4, Hkv=2, M=9, N=13, D=8, Dv=8)
 
@@ -21,7 +23,9 @@ def _close(out, ref):
 def test_optimize_matches_eager(name):
     variant = VARIANTS[name]
     args = variant.inputs(SHAPE)
-    _close(fxflash.optimize(variant.fn)(*args), variant.fn(*args))
+    fast = fxflash.optimize(variant.fn)
+    _close(fast(*args), variant.fn(*args))
+    assert_fused(fast.report(*args), variant.chains)
 
 
 @pytest.mark.parametrize("name", VARIANTS, ids=str)
@@ -31,6 +35,15 @@ def test_compile_backend_eager_inner_matches_eager(name):
     args = variant.inputs(SHAPE)
     compiled = torch.compile(variant.fn, backend="fxflash", options={"inner": "eager"})
     _close(compiled(*args), variant.fn(*args))
+    assert sum(len([r for r in report.regions if r.fused]) for report in _reports_of(compiled, args)) == variant.chains
+
+
+def _reports_of(compiled, args) -> list:
+    """The reports of the graphs the backend compiled for one call (Dynamo may split it)."""
+    torch._dynamo.reset()
+    recent_reports.clear()
+    compiled(*args)
+    return list(recent_reports)
 
 
 @pytest.mark.parametrize("name", ["vanilla", "evoformer_row"])
@@ -39,6 +52,7 @@ def test_compile_backend_with_inductor_matches_eager(name):
     variant = VARIANTS[name]
     args = variant.inputs(SHAPE)
     _close(torch.compile(variant.fn, backend="fxflash")(*args), variant.fn(*args))
+    assert_fused(recent_reports[-1])
 
 
 def test_backend_factory_and_bad_options():
@@ -46,15 +60,19 @@ def test_backend_factory_and_bad_options():
     args = VARIANTS["vanilla"].inputs(SHAPE)
     compiled = torch.compile(VARIANTS["vanilla"].fn, backend=fxflash.backend(inner="eager"))
     _close(compiled(*args), VARIANTS["vanilla"].fn(*args))
+    assert_fused(recent_reports[-1])
     with pytest.raises(ValueError, match="inner must be one of"):
         fxflash.backend(inner="tvm")
 
 
+@pytest.mark.fusion_independent
+@pytest.mark.fusion_independent
 def test_entry_point_is_declared():
     eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
     assert "fxflash" in eps.names
 
 
+@pytest.mark.fusion_independent
 def test_backend_works_without_importing_fxflash():
     code = (
         "import sys, torch\n"
@@ -69,6 +87,7 @@ def test_backend_works_without_importing_fxflash():
     assert out.stdout.strip() == "ok"
 
 
+@pytest.mark.fusion_independent
 def test_explain_report():
     variant = VARIANTS["diff_attention_chunked"]
     report = fxflash.explain(variant.fn, *variant.inputs(SHAPE))
@@ -82,6 +101,7 @@ def test_explain_report():
     assert isinstance(report.graph, torch.fx.GraphModule)
 
 
+@pytest.mark.fusion_independent
 def test_config_overridden_restores_settings_and_names_unknown_ones():
     before = (fxflash.config.gluon, fxflash.config.cache_size)
     with pytest.raises(RuntimeError, match="inside"):

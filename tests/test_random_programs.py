@@ -251,6 +251,7 @@ def test_the_grammar_produces_programs_that_fuse():
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("FXFLASH_LONG"),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.fusion_independent
 @given(PROGRAMS)
 def test_random_programs_get_a_gluon_kernel_or_a_reason(spec):
     """In bf16 with head dim 64 (what the Gluon kernel takes), every fused region is either

@@ -8,6 +8,8 @@ import sys
 PROGRAM = '''
 import pytest
 
+pytestmark = pytest.mark.fusion_independent  # the shard option, no fusion
+
 @pytest.mark.parametrize("i", range(7))
 def test_case(i):
     pass

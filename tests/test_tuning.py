@@ -67,6 +67,7 @@ def choose(gpu, frame=FRAME, dtypes=(torch.bfloat16,) * 3, device="H200 sm90", c
 
 
 
+@pytest.mark.fusion_independent
 def test_picks_the_fastest_and_a_fresh_process_reads_it_from_disk(fresh):
     gpu = FakeGPU()
     assert choose(gpu) == (128, 128, 8, 3)
@@ -85,6 +86,7 @@ def test_picks_the_fastest_and_a_fresh_process_reads_it_from_disk(fresh):
     assert tuning.history[-1]["from_disk"]
 
 
+@pytest.mark.fusion_independent
 def test_key_has_size_bucket_dtypes_and_device(fresh):
     key = tuning.tuning_key(SOURCE, [torch.bfloat16], "H200 sm90", [4, 16, 1000, 1000])
     assert key == tuning.tuning_key(SOURCE, [torch.bfloat16], "H200 sm90", [4, 16, 1024, 513 + 500])
@@ -98,6 +100,7 @@ def test_key_has_size_bucket_dtypes_and_device(fresh):
     assert len(json.loads((fresh / "tuning.json").read_text())["entries"]) == 2
 
 
+@pytest.mark.fusion_independent
 def test_interleaved_rounds_pick_the_fastest_on_a_drifting_clock(fresh):
     """The GPU slows by 0.5 % per launch while it is timed. Timed one candidate after another
     (all of the slowest's samples first), the slowest would look fastest; interleaved rounds
@@ -113,6 +116,7 @@ def test_interleaved_rounds_pick_the_fastest_on_a_drifting_clock(fresh):
     assert min(medians, key=medians.get) == order[0]
 
 
+@pytest.mark.fusion_independent
 def test_contenders_are_decided_by_their_sustained_time(fresh):
     """At full clock 64×64 is 3 % ahead; run continuously (a GPU at its power limit) it is 5 %
     behind: the sustained time decides. The slowest candidate, 25 % behind, is not run sustained."""
@@ -125,11 +129,13 @@ def test_contenders_are_decided_by_their_sustained_time(fresh):
     assert tuning.contenders_of(quick) == [(64, 64, 4, 2), (128, 64, 4, 3)]
 
 
+@pytest.mark.fusion_independent
 def test_a_label_names_its_tile():
     for tile in [(128, 64, 8, 3), ("gluon", 3, 128, 3, 0, 1, 1)]:
         assert tuning.tile_of(tuning._label(tile)) == tile
 
 
+@pytest.mark.fusion_independent
 def test_rounds_rotate_so_no_candidate_always_goes_first():
     firsts = []
 
@@ -151,6 +157,7 @@ def test_rounds_rotate_so_no_candidate_always_goes_first():
     assert tuning.rounds_for([1000.0]) == tuning.MIN_ROUNDS and tuning.rounds_for([1e-6]) == tuning.MAX_ROUNDS
 
 
+@pytest.mark.fusion_independent
 def test_stale_entry_and_corrupt_file_are_timed_again(fresh):
     choose(FakeGPU())
     path = fresh / "tuning.json"
@@ -171,6 +178,7 @@ def test_stale_entry_and_corrupt_file_are_timed_again(fresh):
         assert json.loads(path.read_text())["version"] == tuning.FORMAT_VERSION
 
 
+@pytest.mark.fusion_independent
 def test_failing_tiles_are_skipped_and_all_failing_is_an_error(fresh):
     gpu = FakeGPU(failing={(128, 128, 8, 3)})
     assert choose(gpu) == (64, 64, 4, 2)
@@ -181,6 +189,7 @@ def test_failing_tiles_are_skipped_and_all_failing_is_an_error(fresh):
         choose(FakeGPU(failing=set(CANDIDATES)))
 
 
+@pytest.mark.fusion_independent
 def test_no_timing_when_off_or_while_capturing_a_cuda_graph(fresh, monkeypatch):
     gpu = FakeGPU()
     assert choose(gpu, capturing=True) == CANDIDATES[0]
@@ -189,6 +198,7 @@ def test_no_timing_when_off_or_while_capturing_a_cuda_graph(fresh, monkeypatch):
     assert gpu.timed == 0 and not (fresh / "tuning.json").exists()
 
 
+@pytest.mark.fusion_independent
 def test_progress_line_names_kernel_and_choice(fresh, capsys, monkeypatch):
     choose(FakeGPU())
     err = capsys.readouterr().err

@@ -51,6 +51,7 @@ def test_png_and_svg_show_the_fused_region_in_its_colour(tmp_path, engine):
     assert _has_pixel(str(png), colour)
 
 
+@pytest.mark.fusion_independent
 def test_the_graph_before_fusion_has_no_region_colour(tmp_path):
     path = tmp_path / "before.svg"
     viz.render(_report(), str(path), engine="matplotlib", highlight=False)
@@ -94,6 +95,7 @@ def test_self_attention_marks_the_key_axis_not_the_row_axis():
     assert f"{n}, {n}{DEMOTED_MARK}" in label  # [(B, M, N↓), (D∅)] with M and N one id
 
 
+@pytest.mark.fusion_independent
 def test_collapse_folds_the_ops_outside_the_regions():
     report = _report("evoformer_row")
     full, folded = build_scene(report, collapse=False), build_scene(report)
@@ -108,6 +110,7 @@ def test_dot_text_has_one_cluster_per_region():
     assert dot.count("subgraph cluster_") == 1 and viz.REGION_COLOURS[0] in dot
 
 
+@pytest.mark.fusion_independent
 @pytest.mark.parametrize("kwargs, error", [(dict(path="g.pdf"), ValueError), (dict(path="g.svg", engine="tikz"), ValueError)])
 def test_bad_arguments_say_what_to_do(tmp_path, kwargs, error):
     kwargs["path"] = str(tmp_path / kwargs["path"])
