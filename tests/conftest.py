@@ -30,8 +30,14 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "fusion_independent: passes whether or not fxflash fuses (capture, "
                                        "analysis, refusals, tools); --fusion-off-check leaves it as it is")
-    if config.getoption("--fusion-off-check") and os.environ.get("FXFLASH_FUSE") != "0":
-        raise pytest.UsageError("--fusion-off-check runs with fusion turned off: set FXFLASH_FUSE=0")
+    if config.getoption("--fusion-off-check"):
+        if os.environ.get("FXFLASH_FUSE") != "0":
+            raise pytest.UsageError("--fusion-off-check runs with fusion turned off: set FXFLASH_FUSE=0")
+        # a failing property test is the expected outcome here: no shrinking of its examples
+        from hypothesis import Phase, settings
+
+        settings.register_profile("fusion_off", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+        settings.load_profile("fusion_off")
 
 
 @pytest.hookimpl(hookwrapper=True)

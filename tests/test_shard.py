@@ -5,10 +5,13 @@ import re
 import subprocess
 import sys
 
-PROGRAM = '''
 import pytest
 
 pytestmark = pytest.mark.fusion_independent  # the shard option, no fusion
+
+PROGRAM = '''
+import pytest
+
 
 @pytest.mark.parametrize("i", range(7))
 def test_case(i):
