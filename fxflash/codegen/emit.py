@@ -786,7 +786,7 @@ class _Printer:
             base, c = (x.scaled or (x.code, None)) if fma else (x.code, None)
             log2 = fma and self.max_in_log2(red.node)
             if fma:
-                self.saturable.append((f"{acc}", log2))
+                self.saturable.append((acc, log2))
             if log2:
                 c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
