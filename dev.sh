@@ -23,7 +23,13 @@ PYEOF
   then
     "$VENV/bin/pip" install -q torch==2.13.0
   fi
-  "$VENV/bin/pip" install -q -e ".[dev]"
+  # fxflash (editable) and its test requirements: installed again only when pyproject.toml changed
+  stamp="$VENV/.fxflash-installed-$(sha256sum pyproject.toml | cut -c1-16)"
+  if [ ! -f "$stamp" ] || ! "$VENV/bin/python" -c "import fxflash, pytest, hypothesis" 2>/dev/null; then
+    "$VENV/bin/pip" install -q -e ".[dev]"
+    rm -f "$VENV"/.fxflash-installed-*
+    touch "$stamp"
+  fi
 }
 
 cmd=${1:-}

@@ -74,6 +74,9 @@ def explain_command(opts) -> int:
     import fxflash
     import fxflash.viz
 
+    fmt = os.path.splitext(opts.render)[1].lstrip(".").lower() if opts.render else "svg"
+    if fmt not in fxflash.viz.FORMATS:  # said before anything is traced
+        raise CLIError(f"--render {opts.render}: the drawing is written as .svg or .png, not .{fmt or '(none)'}")
     namespace, name, fn = _load(opts.target)
     report = fxflash.explain(_target(fn), *_inputs(namespace, name, fn))
     print(report)
@@ -82,7 +85,10 @@ def explain_command(opts) -> int:
             if region.source:
                 print(f"\n# generated Triton source of region {i}\n{region.source}")
     if opts.render:
-        engine = fxflash.viz.render(report, opts.render, engine=opts.engine)
+        try:
+            engine = fxflash.viz.render(report, opts.render, engine=opts.engine)
+        except (ValueError, RuntimeError, ImportError, OSError) as exc:  # no dot, no matplotlib, no such folder
+            raise CLIError(f"--render {opts.render}: {exc}") from exc
         print(f"\ngraph drawn to {opts.render} ({engine})")
     return 0
 

@@ -60,6 +60,13 @@ class RegionReport:
     def status(self) -> str:
         return "fused" if self.fused else "not fused"
 
+    def verdict(self) -> str:
+        """One line: the region's ops, fused or not, and the rule that refused it."""
+        if self.fused:
+            return f"{self.chain.describe()}: fused, one kernel"
+        why = self.reason.splitlines()[0] if self.reason else ""
+        return f"{self.chain.describe()}: not fused ({why if why.startswith(self.rule) else f'{self.rule}: {why}'})"
+
     def __str__(self) -> str:
         lines = [f"region {self.chain.describe()}: {self.status}"]
         if self.reason:
@@ -92,7 +99,7 @@ class Report:
         head = f"fxflash: {len(self.regions)} candidate region(s), " + (
             f"{sum(r.fused for r in self.regions)} fused"
         )
-        parts = [head]
+        parts = [head, *(f"  {i}. {r.verdict()}" for i, r in enumerate(self.regions, 1))]
         if self.capture_note:
             parts.append(self.capture_note)
         if self.seconds:

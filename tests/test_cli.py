@@ -50,3 +50,14 @@ def test_render_and_source(tmp_path):
 def test_mistakes_exit_2_with_what_to_do(target, message):
     result = _cli("explain", target)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.fusion_independent
+@pytest.mark.parametrize("render, message", [("graph.jpg", "written as .svg or .png, not .jpg"),
+                                             ("no/such/folder/graph.svg", "--render no/such/folder/graph.svg")])
+def test_a_drawing_that_cannot_be_written_exits_2(render, message):
+    """An unknown format is refused before anything is traced; a file that cannot be written
+    (no such folder) is said in one line: exit status 2, no traceback."""
+    pytest.importorskip("matplotlib")
+    result = _cli("explain", f"{EXAMPLE}:vanilla", "--render", render, "--engine", "matplotlib")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -94,3 +94,18 @@ def test_refused_candidates_have_no_transformations():
     (region,) = fxflash.explain(softmax_over_queries, q, q, q).regions
     assert not region.fused and region.transformations == [] and region.traffic is None
     assert region.rule == "online reduction" and region.stopped_at == "amax"
+
+
+def test_the_report_opens_with_a_verdict_per_region():
+    """str(report): the count, then one line per region — fused, or the rule that refused it —
+    before the details."""
+    from fxflash.variants import VARIANTS, Shape
+
+    def over_queries(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
+
+    args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=8, N=8, D=8, Dv=8))
+    head = str(fxflash.explain(VARIANTS["vanilla"].fn, *args)).splitlines()[:2]
+    assert head[0].endswith("1 fused") and head[1].strip().startswith("1.") and head[1].endswith("fused, one kernel")
+    line = str(fxflash.explain(over_queries, *args)).splitlines()[1]
+    assert "not fused (chain discovery: amax reduces an axis" in line and "chain discovery: chain discovery" not in line
