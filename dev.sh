@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One entry point for newcomers and CI:  ./dev.sh demo  |  ./dev.sh test [pytest args]
+# One entry point for newcomers and CI:  ./dev.sh demo  |  ./dev.sh test [pytest args]  |  ./dev.sh notebook
 # Creates .venv on first use and installs what the command needs. A torch >= 2.11 already
 # in .venv is kept (install your CUDA build there first on a GPU machine); otherwise the
 # CPU build torch==2.13.0 is installed. FXFLASH_VENV names another venv; FXFLASH_TORCH pins
@@ -37,5 +37,9 @@ shift || true
 case "$cmd" in
   demo) setup; exec "$VENV/bin/python" -m fxflash.demo "$@" ;;
   test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
-  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2; exit 2 ;;
+  notebook)  # the tour unless a notebook is named first
+    setup
+    if [ $# -eq 0 ] || [ "${1#-}" != "$1" ]; then set -- notebooks/fxflash_tour.ipynb "$@"; fi
+    exec "$VENV/bin/python" notebooks/execute.py "$@" ;;
+  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args] | ./dev.sh notebook [NOTEBOOK] [--write]" >&2; exit 2 ;;
 esac

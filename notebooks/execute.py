@@ -1,6 +1,7 @@
 """Execute a notebook top to bottom with nbclient; a cell that raises fails the run.
 
-    python notebooks/execute.py notebooks/fxflash_tour.ipynb            # check only
+    ./dev.sh notebook                                                   # the tour, in the project's venv
+    python notebooks/execute.py notebooks/fxflash_tour.ipynb            # check only (nbclient installed)
     python notebooks/execute.py notebooks/fxflash_tour.ipynb --write    # keep the outputs
 
 The kernel is this Python's (ipykernel); cells run with the notebook's folder as the working
@@ -30,6 +31,12 @@ def main(argv=None) -> int:
     parser.add_argument("notebook")
     parser.add_argument("--write", action="store_true", help="save the executed notebook in place")
     opts = parser.parse_args(argv)
+    try:
+        import nbclient  # noqa: F401
+    except ImportError:
+        print("execute.py needs nbclient: run ./dev.sh notebook, or pip install -e \".[notebook]\" first",
+              file=sys.stderr)
+        return 2
     start = time.perf_counter()
     notebook = execute(opts.notebook)
     print(f"{opts.notebook}: executed in {time.perf_counter() - start:.0f} s")
