@@ -4,7 +4,7 @@
 # in .venv is kept (install your CUDA build there first on a GPU machine); otherwise the
 # CPU build torch==2.13.0 is installed. FXFLASH_VENV names another venv; FXFLASH_TORCH pins
 # the torch version installed there and FXFLASH_PIP_EXTRA adds requirements beside it
-# (README, Development: the tests on the oldest supported torch).
+# (docs/development.md: the tests on the oldest supported torch).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
