@@ -160,7 +160,7 @@ def settled_ms(call) -> float:
     tuner times its contenders (``tuning.REST_MS``, ``SETTLE_MS``, ``MEASURE_MS``): the GPU
     rests, runs the call back to back (its clock settles at what the call's power draw allows
     at the H200's 700 W limit) and is timed. Without the rest, a call timed right after a
-    hotter one ran at a recovering clock for up to 400 ms (benchmarks/NOTES.md, eighth session)."""
+    hotter one ran at a recovering clock for up to 400 ms (benchmarks/NOTES.md, 2026-11-22)."""
     torch.cuda.synchronize()
     time.sleep(tuning.REST_MS / 1e3)
     return triton.testing.do_bench(call, warmup=tuning.SETTLE_MS, rep=tuning.MEASURE_MS, return_mode="median")

@@ -4,8 +4,7 @@
 
 A hand-written forward attention kernel (vanilla softmax, bf16, [B, H, S, D]) with switches
 for the features issue 6 lists, timed beside fxflash's generated kernel and SDPA in one
-process (each call timed from the same state, ``bench_attention.settled_ms``; the fifth
-session's log used plain ``do_bench``), so each switch's effect is measured before the code
+process (each call timed from the same state, ``bench_attention.settled_ms``; the 2026-11-22 log used plain ``do_bench``), so each switch's effect is measured before the code
 generator learns it:
 
 - ``DESC``: Q, K, V and O through tensor descriptors (TMA bulk copies) instead of pointer

@@ -8,7 +8,7 @@ S, 2D]``) is ``O = softmax(q₀k₀ᵀ·s)·v − λ·softmax(q₁k₁ᵀ·s)·v
 one Triton kernel carrying both streams (two running max/sum pairs, two accumulators), which
 executes 1.5× eager's matrix work; issue 4 asks for 3× ``torch.compile`` at 512 to 16k keys, and
 the Triton kernel's best tiles leave 16 % (512), 9 % (1k) and nothing at 16k (3.06×) to find
-(benchmarks/NOTES.md, twenty-second session). This probe times, before any code generation is
+(benchmarks/NOTES.md, 2026-11-24). This probe times, before any code generation is
 built on it, the FlashAttention-3 structure the vanilla Gluon kernel has, with the streams split
 between the warp groups:
 

@@ -3,10 +3,10 @@
     PYTHONPATH=. python benchmarks/probe_gluon.py [--variants vanilla causal alibi alibi_cols]
         [--seqlens 1024 4096 16384] [--head-dim 64] [--kv-heads 16] [--configs 3x128x3 3x128x3p ...]
 
-The tenth session's profile put vanilla attention's remaining gap to cuDNN (torch.compile and
+The 2026-11-23 profile put vanilla attention's remaining gap to cuDNN (torch.compile and
 SDPA call it) on the overlap of the exponentials with the tensor cores, which cuDNN gets from
 FlashAttention-3's producer/consumer warp groups and which Triton's ``tl`` level cannot
-express (benchmarks/NOTES.md, fifth and tenth sessions). This probe writes that structure by
+express (benchmarks/NOTES.md, 2026-11-22 and 2026-11-23). This probe writes that structure by
 hand in Gluon (``triton.experimental.gluon``, Triton's layout-explicit level, shipped with
 Triton 3.6) for the forward pass (bf16, contiguous [B, H, S, D], head dim 64 or 128, MHA or
 GQA (K and V [B, Hkv, N, D]), S a multiple of

@@ -291,7 +291,7 @@ def resident_tiles(src: str) -> str:
 def no_release_fence(src: str) -> str:
     """What the proxy fence before each release of a buffer read with ordinary loads costs
     (gluon._release): the fence removed. Wrong results without it on persistent grids of two or
-    three consumers (benchmarks/NOTES.md, twenty-third session): a timing probe only."""
+    three consumers (benchmarks/NOTES.md, 2026-11-24): a timing probe only."""
     src, n = re.subn(r"^TILE_LOADS = gl\.constexpr\(True\)", "TILE_LOADS = gl.constexpr(False)", src, flags=re.M)
     src, m = re.subn(r"_release\(q_empty\.index\(qb\), True\)", "_release(q_empty.index(qb), False)", src)
     _must(n + m, "a release of a buffer read with ordinary loads")

@@ -1,4 +1,4 @@
-"""A standalone repro of the tile-test miscompile seen on an H200 with Triton 3.6 (NOTES.md, ninth session).
+"""A standalone repro of the tile-test miscompile seen on an H200 with Triton 3.6 (NOTES.md, 2026-11-23).
 
     python benchmarks/repro_tile_test_miscompile.py
 

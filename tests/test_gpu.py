@@ -480,7 +480,7 @@ def test_gated_regions_on_persistent_grids_of_every_consumer_count_on_gpu(monkey
     the full GPU's grid, so every CTA walks several and reuses its Q buffers and K/V ring).
     Without the proxy fence before the consumers release a buffer they read with ordinary
     loads (gluon._release), two consumers were wrong in 7 of 10 calls on the row attention and
-    three with ping-pong in 10 of 10 on the column attention (the twenty-third session's log).
+    three with ping-pong in 10 of 10 on the column attention (the 2026-11-24 log).
     The row attention's mask bias is loaded per element here (config.gluon_tma_key_vectors off):
     its ring by TMA leaves two consumers' buffers no room, and the gate's race needs them."""
     from fxflash.codegen import tuning

@@ -40,8 +40,8 @@ DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
 # Evoformer's mask bias computed in the kernel made B=1 (6.7·10⁷ scores) 34 % faster per call (two
 # eager launches fewer, in a host-bound call) and B=8 and 32 (5.4·10⁸, 2.1·10⁹) 1.3 % and 3.0 %
 # slower (two ops per key tile in every consumer thread cost more than eager's two small kernels;
-# benchmarks/NOTES.md, twenty-sixth session). Between them, batch 2 to 4 (1.3–2.7·10⁸) changed by
-# ±1 %, batch 6 about +1 % (twenty-seventh session): the limit is batch 2.
+# benchmarks/NOTES.md, 2026-11-24). Between them, batch 2 to 4 (1.3–2.7·10⁸) changed by
+# ±1 %, batch 6 about +1 % (2026-11-25): the limit is batch 2.
 VECTOR_PRODUCER_MAX_SCORES = 1 << 27
 # views that _Printer.vector_producer looks through (layout_source_idx maps their indices
 # without side effects)

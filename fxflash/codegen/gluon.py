@@ -1,7 +1,7 @@
 """Region → a Gluon kernel with FlashAttention-3's structure, for softmax regions on Hopper.
 
 Triton's ``tl`` level cannot overlap the exponentials of one key tile with the tensor-core
-work of another inside a program (benchmarks/NOTES.md, fifth and tenth sessions); Gluon
+work of another inside a program (benchmarks/NOTES.md, 2026-11-22 and 2026-11-23); Gluon
 (``triton.experimental.gluon``), Triton's layout-explicit level, can. This module prints the
 same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
 
@@ -39,7 +39,7 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
   Q buffers) is released to the loader after a proxy fence (``_release``): TMA writes through
   the async proxy, and an mbarrier alone does not order the generic proxy's reads before them.
   Without it, gated regions on persistent grids of two or three consumers were wrong in 3–10 of
-  10 calls on the H200 (benchmarks/NOTES.md, twenty-second and twenty-third sessions).
+  10 calls on the H200 (benchmarks/NOTES.md, 2026-11-24).
 
 The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x = c·x'`` the
 score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
@@ -56,7 +56,7 @@ each over the same 64 rows (``STREAM_CONFIGS``, ``_StreamLines``): stream s's Q 
 its own heads, the V tile read once for both, and at the end stream 1 hands its normalized
 output to stream 0 in shared memory; one warp group per stream keeps one [64, Dv] accumulator
 each, so Dv = 256 fits where the ``tl`` kernel splits it between two programs that each
-recompute both streams' scores (benchmarks/NOTES.md, twenty-third and twenty-fourth sessions).
+recompute both streams' scores (benchmarks/NOTES.md, 2026-11-24).
 
 Only regions of exactly that shape qualify (``refusal`` says why another does not): one
 softmax or two such streams, no further contractions, no row ops after ``O / l``; bf16 or fp16
@@ -104,10 +104,10 @@ FLT_MAX = "3.4028234663852886e+38"
 
 # Gluon configurations ("gluon", consumers, key tile, K/V buffers, ping-pong, CTAs per SM), by
 # head dim, fastest first as measured with the hand-written probe on an H200 (benchmarks/NOTES.md,
-# twelfth session: 3 consumers of 64 rows with 128-key tiles and 3 buffers; ping-pong for
+# 2026-11-23: 3 consumers of 64 rows with 128-key tiles and 3 buffers; ping-pong for
 # ALiBi; 2 consumers at head dim 128, where 3 do not fit in shared memory). One consumer with
 # registers and shared memory for two CTAs per SM: one CTA's Q load and epilogue overlap the
-# other's key loop (short rows, fourteenth session).
+# other's key loop (short rows, 2026-11-23).
 GLUON_CONFIGS = {
     64: (("gluon", 3, 128, 3, 0, 1), ("gluon", 3, 128, 3, 1, 1), ("gluon", 2, 128, 3, 0, 1),
          ("gluon", 1, 128, 3, 0, 2)),
@@ -120,11 +120,11 @@ GLUON_CONFIGS = {
 # H200: vanilla at 1k keys 0.176–0.181 ms against 0.188, the Evoformer's 256 keys 0.841 against 0.892.
 # One consumer with two K/V buffers leaves room, two CTAs per SM, for a ring of TMA-read score
 # tiles (the Evoformer's pair bias: 0.780 ms at B=8 with it, the only such configuration that fits;
-# at head dim 128 with 64-key tiles, 1.360 ms against the Triton kernel's 1.616: twenty-first session).
+# at head dim 128 with 64-key tiles, 1.360 ms against the Triton kernel's 1.616: 2026-11-24).
 # Three consumers with ping-pong: vanilla at 1k keys 0.165 ms replayed against 0.171 without.
 # One consumer of 128 rows (two wgmma row blocks through each K/V tile) with 64-key tiles, two CTAs
 # per SM: the Evoformer's 256 keys 0.697 ms against 0.719 for 64 rows with 128-key tiles, both
-# with the output stored by TMA (H100, twenty-fifth session).
+# with the output stored by TMA (H100, 2026-11-24).
 PERSISTENT_CONFIGS = {
     64: (("gluon", 3, 128, 3, 0, 1, 1), ("gluon", 3, 128, 3, 1, 1, 1), ("gluon", 2, 128, 3, 0, 1, 1),
          ("gluon", 1, 128, 3, 0, 2, 1), ("gluon", 1, 128, 2, 0, 2, 1), ("gluon", 1, 64, 2, 0, 2, 1, 1, 128)),
@@ -132,7 +132,7 @@ PERSISTENT_CONFIGS = {
 }
 # Configurations of two-stream regions (differential attention; the last field: two streams, one
 # consumer warp group each over the same 64 rows), by the wider head dim, at every row length. As
-# timed hand-written (benchmarks/probe_diff_gluon.py, H200, twenty-third session): with Dv = 128
+# timed hand-written (benchmarks/probe_diff_gluon.py, H200, 2026-11-24): with Dv = 128
 # the persistent grid with 128-key tiles and two buffers fastest from 512 to 8k keys, ping-pong
 # within 3 %, one CTA per item at 16k; with Dv = 256 only 64-key tiles and two buffers, one CTA
 # per item, fit shared memory (both streams' K tiles, V's, and stream 1's fp32 output).
@@ -188,7 +188,7 @@ def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = N
 def fits_shared_memory(tile, buffers: int) -> bool:
     """Do ``buffers`` bytes (shared_bytes) with the kernel's barriers fit one CTA, and ``ctas`` such
     CTAs with their reserved kilobyte one SM? (Two CTAs of 116,204 bytes fit, of 116,764 do not:
-    the Evoformer's pair bias, mask bias and gate on 1 × 128 × 2, twenty-fifth session.)"""
+    the Evoformer's pair bias, mask bias and gate on 1 × 128 × 2, 2026-11-24.)"""
     alloc = buffers + BARRIER_BYTES
     return alloc <= SHARED_BYTES and gluon_tile(tile).ctas * (alloc + CTA_RESERVED_BYTES) <= SM_SHARED_BYTES
 
@@ -197,7 +197,7 @@ def row_sums_by_mma(tile) -> bool:
     """Does configuration ``tile`` sum each row's ``p`` as ``P·1`` on the tensor cores
     (config.gluon_mma_row_sum)? Not where two CTAs share an SM: their buffers leave no room for
     the ones. Not with two softmax streams: there it was 1–5 % slower than adding them up
-    (benchmarks/NOTES.md, twenty-fourth session). The kernel applies the same rule (``ROW_SUM``
+    (benchmarks/NOTES.md, 2026-11-24). The kernel applies the same rule (``ROW_SUM``
     in ``_attend``; ``MMA_ROW_SUM`` printed off in a two-stream module)."""
     t = gluon_tile(tile)
     return config.gluon_mma_row_sum and t.ctas == 1 and t.streams == 1
@@ -851,7 +851,7 @@ def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
 # _attend's lines after the item's first Q·Kᵀ is issued, where the output may leave by TMA
 # (_tma_store_lines): the previous item's copy has read its Q buffer (``cp.async.bulk.wait_group.read``),
 # which then goes back to the loader. Waiting right after the copy, before the next item, cost
-# 1.5 % at B=8 and 2.6 % at B=32 on the Evoformer (benchmarks/NOTES.md, twenty-sixth session). Every
+# 1.5 % at B=8 and 2.6 % at B=32 on the Evoformer (benchmarks/NOTES.md, 2026-11-24). Every
 # item of this consumer stored by TMA (O_TMA: M is a multiple of the CTA's rows, so no consumer
 # only passes an item), so the item before it left one copy; the consumer's last copy is waited
 # for after its walk (``_consumer{wg}``), before the CTA's shared memory can be reused.

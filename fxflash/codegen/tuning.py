@@ -16,7 +16,7 @@ timed by CUDA events:
    timed. A heavy attention kernel run continuously holds an H200 at its power limit, where
    the clock depends on the kernel's own power draw: 64×64 tiles with 3 stages are 2.5 %
    faster than 128×64 at full clock but 4.5 % slower sustained (1 780 vs 1 906 MHz;
-   benchmarks/NOTES.md, eighth session). The contender with the smallest sustained median
+   benchmarks/NOTES.md, 2026-11-22). The contender with the smallest sustained median
    is kept
 
 * in memory, for this process;
