@@ -105,6 +105,13 @@ def _check_device(region) -> None:
         raise FusionRefused("interpreter", region.output, f"runs eagerly: {conflict}")
 
 
+def _attention_calls(gm: fx.GraphModule) -> list[str]:
+    """The graph's calls of PyTorch's own fused attention (``scaled_dot_product_attention`` in any of
+    its backends' ops): already one kernel, so no chain to find; kept as they are."""
+    return [f"{n.name}: a call of scaled_dot_product_attention ({n.target}), already one fused kernel"
+            for n in gm.graph.nodes if n.op == "call_function" and "scaled_dot_product" in str(n.target)]
+
+
 @contextlib.contextmanager
 def timed(seconds: dict, stage: str):
     """Add the wall time of the block to ``seconds[stage]``."""
@@ -170,7 +177,8 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
         regions.append(_region_report(analysis, chain, region=region, plan=plan))
     rewritten.graph.eliminate_dead_code()
     rewritten.recompile()
-    report = Report(regions=regions, graph=gm, analysis=analysis, rewritten=rewritten, seconds=seconds)
+    report = Report(regions=regions, graph=gm, analysis=analysis, rewritten=rewritten, seconds=seconds,
+                    left_alone=_attention_calls(gm))
     for r in regions:
         log.debug("%s", r)
         if r.source:

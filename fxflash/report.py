@@ -94,12 +94,14 @@ class Report:
     rewritten: fx.GraphModule | None = None
     capture_note: str = ""
     seconds: dict = dataclasses.field(default_factory=dict)
+    left_alone: list = dataclasses.field(default_factory=list)  # attention ops kept as they are, one line each
 
     def __str__(self) -> str:
         head = f"fxflash: {len(self.regions)} candidate region(s), " + (
             f"{sum(r.fused for r in self.regions)} fused"
         )
-        parts = [head, *(f"  {i}. {r.verdict()}" for i, r in enumerate(self.regions, 1))]
+        parts = [head, *(f"  {i}. {r.verdict()}" for i, r in enumerate(self.regions, 1)),
+                 *(f"  left alone: {line}" for line in self.left_alone)]
         if self.capture_note:
             parts.append(self.capture_note)
         if self.seconds:
