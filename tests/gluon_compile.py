@@ -8,7 +8,7 @@ Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers
 each row's ``p``, how it stores the output (by TMA where the region can: gluon_launch.stores_by_tma), and from this Triton's ptxas (``-v``) its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas). The
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
-``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probe_gluon_edits.py);
+``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probes/probe_gluon_edits.py);
 ``--dv DV`` gives V a head dim other than Q's and K's D (differential attention's V is 2·DV wide);
 STREAMS 2 compiles a two-stream region's configuration, CONSUMER_ROWS 128 one whose consumers own 128 rows each.
 ``python tests/gluon_compile.py --serve`` answers such checks one per line of stdin (``serve``)."""
@@ -46,7 +46,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     assert refusal(region) is None, refusal(region)
     plan = emit_gluon(region, kinds)
     if edit:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "probes"))
         from probe_gluon_edits import edit_named
 
         plan.source = edit_named(edit)(plan.source)

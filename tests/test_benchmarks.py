@@ -3,7 +3,7 @@ import csv
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "benchmarks", d) for d in ("", "probes")]
 import suite  # noqa: E402
 
 import pytest  # noqa: E402

@@ -233,14 +233,14 @@ def test_tuning_is_timed_once_and_read_back_by_a_new_process(tmp_path):
 @pytest.mark.parametrize("S", [256, 384])
 @pytest.mark.parametrize("H,Hkv,D", [(3, 3, 64), (4, 2, 128)])
 def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
-    """benchmarks/probe_gluon's warp-specialized kernel, timed against cuDNN and Flex in
+    """benchmarks/probes/probe_gluon's warp-specialized kernel, timed against cuDNN and Flex in
     benchmarks/NOTES.md, computes each score it probes within eager's error, MHA and GQA, with
     one CTA per work item and persistent (``P``: 5 CTAs walk the 12–24 items, so barrier phases,
     the K/V ring and the two Q buffers carry across items): with S = 256 the CTA of three
     consumers (192 rows) holds rows of the next head, which it must not store."""
     import os
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probes"))
     import probe_gluon
 
     if D == 128 and config.startswith("3x"):
@@ -261,13 +261,13 @@ def test_gluon_probe_computes_attention(config, score, S, H, Hkv, D):
 @pytest.mark.parametrize("config", ["128x2", "128x2pP", "64x2p", "64x3P"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_diff_gluon_probe_computes_differential_attention(config, D):
-    """benchmarks/probe_diff_gluon's two-stream kernel (one consumer warp group per stream,
+    """benchmarks/probes/probe_diff_gluon's two-stream kernel (one consumer warp group per stream,
     timed in benchmarks/NOTES.md) computes ``variants.diff_attention`` within eager's error, with
     one CTA per item and persistent (``P``: 5 CTAs walk the 24 items, so the Q buffers, the K/V
     ring and the buffer in which stream 1 hands its output over are reused across items)."""
     import os
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probes"))
     import probe_diff_gluon
 
     if D == 128 and (config.startswith("128") or "P" in config or config.endswith("3p")):

@@ -132,7 +132,7 @@ PERSISTENT_CONFIGS = {
 }
 # Configurations of two-stream regions (differential attention; the last field: two streams, one
 # consumer warp group each over the same 64 rows), by the wider head dim, at every row length. As
-# timed hand-written (benchmarks/probe_diff_gluon.py, H200, 2026-11-24): with Dv = 128
+# timed hand-written (benchmarks/probes/probe_diff_gluon.py, H200, 2026-11-24): with Dv = 128
 # the persistent grid with 128-key tiles and two buffers fastest from 512 to 8k keys, ping-pong
 # within 3 %, one CTA per item at 16k; with Dv = 256 only 64-key tiles and two buffers, one CTA
 # per item, fit shared memory (both streams' K tiles, V's, and stream 1's fp32 output).

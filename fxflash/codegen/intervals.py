@@ -321,7 +321,7 @@ def _remainder(ip, node, a):
 
     Deliberately no tighter: a rule that also followed ``x`` within one period (``[lo mod c,
     hi mod c]`` when ``⌊lo/c⌋ = ⌊hi/c⌋``) was compiled wrongly by Triton 3.6 on an H200 (tile
-    tests that declared every tile empty; ``benchmarks/repro_tile_test_miscompile.py``). The
+    tests that declared every tile empty; ``benchmarks/probes/repro_tile_test_miscompile.py``). The
     bounds are scalar tensors, not Python ints, so ``~`` and comparisons of them stay boolean
     tensors."""
     c = positive_int_divisor(node)

@@ -1,6 +1,6 @@
 """Where the Evoformer row attention's time goes: the suite's call with parts left out.
 
-    PYTHONPATH=. python benchmarks/probe_evoformer.py [--batch 8] [--head-dim 64]
+    PYTHONPATH=. python benchmarks/probes/probe_evoformer.py [--batch 8] [--head-dim 64]
 
 bf16, N_seq = S = 256, 4 heads (the suite's config, B·N_seq attention problems of 256 keys).
 Times, with fxflash's tuned tile, ``do_bench`` medians and CUDA-graph replay medians of:
@@ -18,11 +18,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import fxflash  # noqa: E402
 from fxflash import variants as V  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 from bench_attention import medians  # noqa: E402
 
 INF = V.INF

@@ -1,7 +1,7 @@
 """Time hand edits of a generated kernel against the kernel itself, before building them.
 
-    PYTHONPATH=. python benchmarks/probe_edits.py --variant evoformer_row --batch 8 --edits loads_first bias_in_dot
-    PYTHONPATH=. python benchmarks/probe_edits.py --variant evoformer_row --batch 8 --head-dim 128 --tiles 64x64x4x2
+    PYTHONPATH=. python benchmarks/probes/probe_edits.py --variant evoformer_row --batch 8 --edits loads_first bias_in_dot
+    PYTHONPATH=. python benchmarks/probes/probe_edits.py --variant evoformer_row --batch 8 --head-dim 128 --tiles 64x64x4x2
 
 A change to the code generator is a prediction about the printed kernel; this probe measures
 the prediction first. It compiles the variant's fused kernel as fxflash prints it, then each
@@ -25,13 +25,13 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import fxflash  # noqa: E402
 from fxflash.codegen import cache, tuning  # noqa: E402
 from fxflash.codegen import op as region_op  # noqa: E402
 from fxflash.codegen.launch import Launcher  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 from bench_attention import medians, tuned_configs  # noqa: E402
 from tile_sweep import add_case_options, case_of  # noqa: E402
 

@@ -1,9 +1,9 @@
 """Time hand edits of a region's generated Gluon kernel against the kernel as printed.
 
-    PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
+    PYTHONPATH=. python benchmarks/probes/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
         --per-element-loads --edits gate_first bias_async without:x3 --tiles gluonx1x128x3x0x2x1 gluonx1x128x2x0x2x1
-    PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant alibi --seqlen 16384 --edits hoist_key_linear
-    PYTHONPATH=. python benchmarks/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
+    PYTHONPATH=. python benchmarks/probes/probe_gluon_edits.py --variant alibi --seqlen 16384 --edits hoist_key_linear
+    PYTHONPATH=. python benchmarks/probes/probe_gluon_edits.py --variant evoformer_row --batch 8 --seqlen 256 \
         --tiles gluonx1x128x2x0x2x1 gluonx2x128x3x0x1x1 --edits no_release_fence
 
 probe_edits.py's counterpart for the Gluon kernel (codegen/gluon.py): the variant's region is
@@ -30,8 +30,8 @@ import re
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # a load of a tensor input, as emit's printer prints it: ``name = gl.load(address, mask=…, other=0).to(dtype)``
 LOAD = re.compile(r"^( +)(\w+) = gl\.load\((.*), mask=(.*), other=0\)\.to\((gl\.\w+)\)$", re.M)

@@ -1,6 +1,6 @@
 """Probe: differential attention as a two-stream Gluon kernel, one consumer warp group per stream.
 
-    PYTHONPATH=. python benchmarks/probe_diff_gluon.py [--seqlens 512 1024 16384] [--head-dim 64]
+    PYTHONPATH=. python benchmarks/probes/probe_diff_gluon.py [--seqlens 512 1024 16384] [--head-dim 64]
         [--configs 128x2 128x2p 128x2P 64x2p ...]
 
 Differential attention (``fxflash.variants.diff_attention``; q, k ``[B, 2H, S, D]``, v ``[B, H,
@@ -41,8 +41,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from fxflash.codegen.gluon import ROWS_PER_CONSUMER, register_budget  # noqa: E402
 from fxflash.patterns.rules import LOG2E  # noqa: E402
 from probe_gluon import _pass_turn, _take_turn  # noqa: E402
@@ -292,7 +292,7 @@ def compile_only(d: int, configs) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     from gluon_compile import spills
 
     get = gl.NVMMASharedLayout.get_default_for

@@ -1,6 +1,6 @@
 """A standalone repro of the tile-test miscompile seen on an H200 with Triton 3.6 (NOTES.md, 2026-11-23).
 
-    python benchmarks/repro_tile_test_miscompile.py
+    python benchmarks/probes/repro_tile_test_miscompile.py
 
 The kernel is the tile classification fxflash printed for neighbourhood_2d (width 6,
 radius 1) when intervals.RULES had a rule for ``%`` (since removed): for one row tile

@@ -1,6 +1,6 @@
 """Probe: does FlashAttention-3's warp-specialized structure, written in Gluon, beat cuDNN?
 
-    PYTHONPATH=. python benchmarks/probe_gluon.py [--variants vanilla causal alibi alibi_cols]
+    PYTHONPATH=. python benchmarks/probes/probe_gluon.py [--variants vanilla causal alibi alibi_cols]
         [--seqlens 1024 4096 16384] [--head-dim 64] [--kv-heads 16] [--configs 3x128x3 3x128x3p ...]
 
 The 2026-11-23 profile put vanilla attention's remaining gap to cuDNN (torch.compile and
@@ -52,7 +52,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 # the generated Gluon kernel's row block and register split are this probe's (fxflash/codegen/gluon.py)
 from fxflash.codegen.gluon import ROWS_PER_CONSUMER, register_budget  # noqa: E402
 from fxflash.patterns.rules import LOG2E as _LOG2E  # noqa: E402
@@ -435,5 +435,5 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
     main()

@@ -1,6 +1,6 @@
 """Is a tile faster because of the kernel, or because of the GPU's clock while it is timed?
 
-    PYTHONPATH=. python benchmarks/probe_power.py --variant causal --seqlen 16384
+    PYTHONPATH=. python benchmarks/probes/probe_power.py --variant causal --seqlen 16384
 
 Times two tiles of one case three ways, twice each, logging the SM clock, power and
 temperature (``nvidia-smi -lms``) during every phase: interleaved launches (the tuner's
@@ -18,8 +18,8 @@ import time
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 import fxflash  # noqa: E402
 from fxflash.codegen import tuning  # noqa: E402
 from tile_sweep import add_case_options, case_of  # noqa: E402

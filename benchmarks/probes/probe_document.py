@@ -1,6 +1,6 @@
 """Where the document-mask kernel's time goes: the same call with other document layouts.
 
-    PYTHONPATH=. python benchmarks/probe_document.py [--seqlen 16384] [--tile 128 64 8 3]
+    PYTHONPATH=. python benchmarks/probes/probe_document.py [--seqlen 16384] [--tile 128 64 8 3]
 
 bf16, 16 heads, head dim 64, batch × seqlen = 16k tokens (the suite's config). For each id
 layout — the suite's 12 random documents, 12 equal documents, one document — it prints the
@@ -18,12 +18,12 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import fxflash  # noqa: E402
 from fxflash import variants as V  # noqa: E402
 from fxflash.codegen import tuning  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 from bench_attention import DOCS, document_ids, flex_api, medians  # noqa: E402
 
 

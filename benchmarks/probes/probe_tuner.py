@@ -1,7 +1,7 @@
 """Does the tuner pick what a long interleaved timing says is fastest?
 
-    PYTHONPATH=. python benchmarks/probe_tuner.py
-    PYTHONPATH=. python benchmarks/probe_tuner.py --add-candidate 64x64x4x3 --cases causal:16384
+    PYTHONPATH=. python benchmarks/probes/probe_tuner.py
+    PYTHONPATH=. python benchmarks/probes/probe_tuner.py --add-candidate 64x64x4x3 --cases causal:16384
 
 For each case: tune afresh (an empty tuning cache), keep the tuner's own launch function, then
 time every candidate again with the tuner's interleaved rounds (full clock), ``--longer`` times
@@ -18,8 +18,8 @@ import tempfile
 
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 import fxflash  # noqa: E402
 from fxflash.codegen import emit, tuning  # noqa: E402
 from tile_sweep import case_of  # noqa: E402

@@ -1,6 +1,6 @@
 """Probe: which Hopper features would speed up the attention key loop that fxflash prints?
 
-    PYTHONPATH=. python benchmarks/probe_core_loop.py
+    PYTHONPATH=. python benchmarks/probes/probe_core_loop.py
 
 A hand-written forward attention kernel (vanilla softmax, bf16, [B, H, S, D]) with switches
 for the features issue 6 lists, timed beside fxflash's generated kernel and SDPA in one
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 @triton.jit
