@@ -52,7 +52,8 @@ KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being c
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
 # E(-inf − (−FLT_MAX)) = 0 where E(-inf − (−inf)) would be NaN. A finite m is unchanged (every
 # score ≥ -FLT_MAX), NaN stays NaN. One max per row tile (a compare and a select before).
-OFFSET_GUARD = "tl.maximum({m}, -3.4028234663852886e+38, propagate_nan=tl.PropagateNan.ALL)"
+FLT_MAX = torch.finfo(torch.float32).max
+OFFSET_GUARD = f"tl.maximum({{m}}, {-FLT_MAX!r}, propagate_nan=tl.PropagateNan.ALL)"
 # The multiply-add form ``2^(x·k − m₂)`` (rules.Homomorphism.apply_fma) rounds ``m₂ = k·max(x)`` on
 # its own, so the largest score's exponent is off by up to half an ulp of ``m₂`` instead of 0; and
 # ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). While every row's
@@ -1221,8 +1222,6 @@ def _plus(node, args, sign: str) -> tuple | None:
             return f"{base} {sign} ({f} * {k}) * {b}", c
     return None
 
-
-FLT_MAX = 3.4028234663852886e38
 
 
 def _finite_over(code: str, c: float) -> bool:

@@ -88,6 +88,7 @@ from ..analysis.ops import packet
 from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
+from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype
 from .printers import GPU_HELPERS, Unprintable
 
@@ -100,7 +101,7 @@ SHARED_BYTES = 227 * 1024   # Hopper's shared memory per CTA
 SM_SHARED_BYTES = 228 * 1024  # … and per SM, of which each resident CTA's first 1 KB is the system's
 CTA_RESERVED_BYTES = 1024
 BARRIER_BYTES = 768  # a kernel's mbarriers and alignment beyond its buffers (tests/gluon_compile.py: 492–664)
-FLT_MAX = "3.4028234663852886e+38"
+FLT_MAX = repr(FLT_MAX_F32)
 
 # Gluon configurations ("gluon", consumers, key tile, K/V buffers, ping-pong, CTAs per SM), by
 # head dim, fastest first as measured with the hand-written probe on an H200 (benchmarks/NOTES.md,
