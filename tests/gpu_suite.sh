@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite (pytest -m gpu) as N interleaved shards run side by side: kernel compilation,
-# single-threaded per process, dominates the suite, and one GPU serves every shard.
+# single-threaded per process, dominates the suite, and one GPU serves every shard ($GPUS of them
+# in turn where set).
 #   tests/gpu_suite.sh [N] [pytest args]      (N = 12 by default; logs under $LOGDIR)
 # Exits non-zero when any shard fails or is killed at its time limit ($LIMIT seconds).
 set -uo pipefail
@@ -10,12 +11,13 @@ shift || true
 LOGDIR=${LOGDIR:-/tmp/fxflash_gpu_suite}
 LIMIT=${LIMIT:-1800}
 PY=${PYTHON:-python}
+GPUS=${GPUS:-1}
 mkdir -p "$LOGDIR"
 export FXFLASH_AUTOTUNE=${FXFLASH_AUTOTUNE:-0}
 start=$(date +%s)
 pids=()
 for ((i = 0; i < N; i++)); do
-  timeout "$LIMIT" "$PY" -m pytest -m gpu tests/test_gpu.py --shard "$i/$N" -q -p no:cacheprovider -rfEs \
+  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$LIMIT" "$PY" -m pytest -m gpu tests/test_gpu.py --shard "$i/$N" -q -p no:cacheprovider -rfEs \
     --durations=5 "$@" > "$LOGDIR/shard_$i.log" 2>&1 &
   pids+=($!)
 done

@@ -92,6 +92,42 @@ def test_extreme_finite_values_stay_what_eager_computes(dtype, form, value, devi
         assert_accurate(program, args, out)
 
 
+def dtype_min_mask(q, k, v, mask):
+    """transformers' mask with its constant taken from the dtype: in fp16, ``s − 65504`` rounds to
+    steps of 32, and a row masked entirely is eager's few-valued row (float64's is uniform)."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    return torch.softmax(s + (1.0 - mask[:, None, None, :].to(s.dtype)) * torch.finfo(s.dtype).min, dim=-1) @ v
+
+
+def l1_normalized(q, k, v, mask):
+    """``s / Σ|s|`` over scores filled at ``finfo.min``: the division deferred past ``P·V`` sums
+    terms of ±3·10³⁸ where eager's ``s / Σ|s|`` is 0 first (its sum is inf)."""
+    s = (q @ k.transpose(-1, -2)).masked_fill(mask[:, None, None, :] == 0, torch.finfo(q.dtype).min)
+    return (s / s.abs().sum(-1, keepdim=True)) @ v
+
+
+def big_values(q, k, v, mask):
+    """A softmax over V near the dtype's largest value: ``Σ E(x − m)·V`` before the division by
+    the row sum overflows where eager's ``Σ p·V`` does not."""
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.0, dim=-1) @ (v.abs() * 3e37)
+
+
+@pytest.mark.parametrize("program", [dtype_min_mask, l1_normalized, big_values], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_deferred_values_and_16_bit_roundings_at_the_extremes(program, dtype, device):
+    """Where a deferred division or eager's own 16-bit rounding decides the answer, the flagged
+    rows are computed again in eager's form (rounded as eager rounds): fused, within eager's
+    error of float64 (the float64 program takes its own ``finfo`` constants)."""
+    if program is big_values and dtype is torch.float16:
+        pytest.skip("fp16 holds no value near 3e37")
+    q, k, v = (t.to(device) for t in _qkv(dtype))
+    args = (q, k, v, _padding().to(device))
+    optimized = fxflash.optimize(program)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(program, args, out)
+
+
 def assert_weighted_means(out, v, eager):
     """Logits so large that a one-ulp difference in a score moves the whole weight from one key to
     another (eager's matmul and the kernel's sum in other orders): each output row is still a
@@ -102,18 +138,33 @@ def assert_weighted_means(out, v, eager):
     assert ((out.float() >= lo - slack) & (out.float() <= hi + slack)).all()
 
 
-def test_16_bit_kernels_flag_rows_for_the_repair_kernel(device):
-    """A 16-bit kernel prints the multiply-add form, flags the rows it leaves (``sat_ptr``) and
-    comes with the repair kernel in eager's own form; an fp32 kernel prints eager's form alone
-    (launched without fp contraction)."""
+OVERFLOWED_OUTPUT = "tl.abs(out) < float('inf')"  # the flag of rows whose output overflowed
+
+
+def _kernels(program, *args):
+    """The region's kernel and its repair kernel (sources)."""
+    (region,) = fxflash.explain(program, *args).regions
+    return region.source.split("def fxflash_region_repair(")
+
+
+def test_kernels_flag_rows_for_the_repair_kernel(device):
+    """A 16-bit kernel prints the multiply-add form and flags the rows it leaves (``sat_ptr``); the
+    repair kernel computes them in eager's form: ``tl.exp``, two passes over the keys (four loops:
+    whole tiles, then the partial one), each value rounded to eager's bf16. Over bf16 V the
+    kernel also flags rows whose output overflowed; a softmax over fp16 V cannot overflow and
+    is not checked. An fp32 kernel prints eager's form, and flags overflowed outputs only."""
     q, k, v = (t.to(device) for t in _qkv(torch.bfloat16))
     mask = _padding().to(device)
-    (region,) = fxflash.explain(additive_mask(-1e30), q, k, v, mask).regions
-    fast, repair = region.source.split("def fxflash_region_repair(")
+    fast, repair = _kernels(additive_mask(-1e30), q, k, v, mask)
     assert "out_ptr, sat_ptr" in fast and "tl.exp2(" in fast and "tl.store(sat_ptr" in fast
+    assert OVERFLOWED_OUTPUT in fast
     assert "tl.exp(" in repair and "tl.exp2(" not in repair and "tl.load(sat_ptr" in repair
-    source = fxflash.explain(additive_mask(-1e30), q.float(), k.float(), v.float(), mask).regions[0].source
-    assert "sat_ptr" not in source and "tl.exp2(" not in source
+    assert repair.count("for start_n in range(") == 4 and "tl.store(sat_ptr" not in repair
+    assert "_fx_round_bf16(" in repair or ".to(tl.bfloat16).to(tl.float32)" in repair
+    fast, _ = _kernels(additive_mask(-1e30), q.half(), k.half(), v.half(), mask)
+    assert "tl.store(sat_ptr" in fast and OVERFLOWED_OUTPUT not in fast
+    fast, _ = _kernels(additive_mask(-1e30), q.float(), k.float(), v.float(), mask)
+    assert "tl.exp2(" not in fast and OVERFLOWED_OUTPUT in fast and "tl.abs(acc_amax" not in fast
 
 
 def test_bf16_without_a_gpu_is_right(device):

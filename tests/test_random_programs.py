@@ -222,6 +222,7 @@ def test_random_program_matches_eager(spec):
     for region in report.regions if report is not None else ():
         event("fused" if region.fused else f"not fused: {region.reason.split(':')[0]}")
     assert_accurate(program, _copies(args), out)
+    print(f"program {'fused' if fused else 'eager'} right")  # counted by tests/random_soak.sh (pytest -s)
 
 
 # The share of drawn programs that fuse: 12 of the 20 derandomized CI draws before the grammar

@@ -265,7 +265,9 @@ def _persistent(per_sm: int, flatten: bool, one_loop: bool = False):
                 f"    n_progs = tl.minimum(n_items, {per_sm * _sms()})\n"
                 f"    for pid in tl.range(pid0, tl.where(pid0 < n_progs, n_items, 0), n_progs"
                 f"{', flatten=True' if flatten else ''}):\n")
-        return head + loop + "".join("    " + line if line.strip() else line for line in body.splitlines(True))
+        body, sep, rest = body.partition("\n@triton.jit")  # the module's next kernel (the repair) stays
+        return (head + loop + "".join("    " + line if line.strip() else line for line in body.splitlines(True))
+                + sep + rest)
     edit.__name__ = f"persistent_{per_sm}{'' if flatten else '_nested'}{'_one_loop' if one_loop else ''}"
     nest = ("flattened (tl.range(flatten=True)): the next row tile's key tiles are prefetched while this one "
             "finishes" if flatten else "left nested")

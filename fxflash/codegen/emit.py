@@ -28,10 +28,10 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..config import config, interpreting
-from ..patterns.region import ROW as ROW_FORM, ROW_LAYOUTS, Region
+from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
-from .printers import GPU_HELPERS, HELPERS, PRINTERS, Unprintable, compute_dtype, literal
+from .printers import GPU_HELPERS, HELPERS, PRINTERS, TRITON_DTYPES, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -56,13 +56,16 @@ FLT_MAX = torch.finfo(torch.float32).max
 OFFSET_GUARD = f"tl.maximum({{m}}, {-FLT_MAX!r}, propagate_nan=tl.PropagateNan.ALL)"
 # The multiply-add form ``2^(x·k − m₂)`` (rules.Homomorphism.apply_fma) rounds ``m₂ = k·max(x)`` on
 # its own, so the largest score's exponent is off by up to half an ulp of ``m₂`` instead of 0; and
-# ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). While every row's
-# ``|m₂| < 2²⁶`` the error is at most 4 in the exponent, common to the row and cancelled by its
-# sum (p ≤ 16, within fp16). A row beyond that (or at ±inf or NaN: an overflowed fold, a fully
-# masked row) is flagged, and the repair kernel computes it in eager's own form, ``exp(t − max t)``
-# over the same values, launched without fp contraction (a multiply fused into the subtraction
-# would round differently from the maximum: _Printer.saturated_rows, emit_kernel, launch).
-SATURATION_LOG2 = float(1 << 26)
+# ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). A 16-bit kernel flags
+# each row whose maximum in exp2 units reaches ``|m₂| ≥ 2¹¹`` (or is ±inf or NaN: an overflowed
+# fold, a fully masked row), and the repair kernel computes it as eager does: two passes, each
+# value rounded to the dtype eager holds it in (_Printer.two_pass). Below the bound the exponent's
+# error is under 2⁻¹³ and common to the row. At it, eager's own 16-bit rounding decides the answer:
+# fp16 rounds ``s − 65504`` (its ``finfo.min`` as a mask) to steps of 32, so a row masked entirely
+# is eager's few-valued row, not the softmax of its fp32 scores. Launched without fp contraction:
+# a multiply fused into the subtraction would round differently from the maximum
+# (_Printer.saturated_rows, emit_kernel, launch).
+SATURATION_LOG2 = float(1 << 11)
 # The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
 EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)
 
@@ -92,8 +95,9 @@ class KernelPlan:
                              # that axis the launch computes for its BLOCK_N ("summary" args)
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
     unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
-    flags: bool = False      # the kernel flags the rows it leaves to the repair kernel (sat_ptr);
-                             # without, it prints eager's own form and runs without fp contraction
+    flags: bool = False      # the kernel flags the rows it leaves to the repair kernel (sat_ptr)
+    fp_fusion: bool = False  # it prints multiply-add forms (launched with fp contraction); without,
+                             # it prints eager's own form and runs without
     repair_args: tuple | None = None  # the run-time parameters of ``{name}_repair`` (after out_ptr and
                              # sat_ptr), the kernel that recomputes the rows a kernel flagged
     gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
@@ -209,7 +213,18 @@ class _Printer:
         self.vars_of = {s: {} for s in {None, *self.streams}}
         self.vars = self.vars_of[None]
         self.stream = None
-        self.saturable: list = []  # (running maximum, kept in exp2 units) read by a multiply-add
+        self.sixteen_bit = region.q.node.meta["val"].element_size() == 2
+        self.saturable: list = []  # (running maximum, kept in exp2 units) whose rows are flagged
+        self.checks: list = []     # (row value, bound): rows where it reaches ``bound`` are flagged too
+        self.checks_output = False  # rows whose output is inf or NaN are flagged too
+        self.flags_rows = True     # flag rows for the repair kernel (not in the repair kernel itself)
+        self.fma = False           # prints E(x − m) as a multiply-add (then launched with fp contraction)
+        # eager's own form (the repair kernel): the row values in a first pass over N, P·V of the
+        # finished P in a second, every value rounded to the dtype eager holds it in
+        self.two_pass = False
+        self.updates: set = set()  # indices in ``loop`` of the reductions' updates (first pass only)
+        self.second: list = []     # the second pass's loop body
+        self.out_at = 0            # where the lines that combine and store the output begin in ``post``
         self.body: list = []       # the kernel's body (build)
 
     def sfx(self, stream=None) -> str:
@@ -373,6 +388,16 @@ class _Printer:
         """An elementwise op whose only use is an output op (the gate's sigmoid): computed in
         the kernel from its inputs, so its result is never written to memory."""
         return len(node.users) == 1 and next(iter(node.users)) in self.r.output_ops
+
+    def held(self, code: str, node: fx.Node) -> str:
+        """``code`` (an fp32 value of ``node``) as eager holds it: rounded to the node's 16-bit
+        dtype in the two-pass form of 16-bit inputs, else unchanged."""
+        dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else None
+        if not (self.two_pass and self.sixteen_bit and dtype in (torch.float16, torch.bfloat16)):
+            return code
+        if dtype is torch.bfloat16 and interpreting():
+            return f"_fx_round_bf16({code})"
+        return f"({code}).to({TRITON_DTYPES[dtype]}).to(tl.float32)"
 
     def place(self, code: str, varies_n: bool, prefix="t") -> Value:
         """Bind ``code`` to a new name: after the loop in the epilogue, else inside the loop
@@ -542,7 +567,7 @@ class _Printer:
                         if a.bound is not None and not a.is_literal else a for a in args]
         code = PRINTERS[p]([a.code for a in args], node)
         if dtype is not None and not all(a.is_literal for a in args):
-            code = f"({code}).to({compute_dtype(dtype)})"
+            code = self.held(f"({code}).to({compute_dtype(dtype)})", node)
         value = self.place(code, varies)
         folds = config.fold_scale and dtype is not None and dtype.is_floating_point
         scaled = _positive_scale(p, node, args) if folds else None
@@ -635,7 +660,8 @@ class _Printer:
             self.loop.append(f"k{x} = tl.load({k_ptr}, mask={k_mask}, other=0.0)")
             self.loop += _scaled("k" + x, r.k)
             self.loop.append(f"s{x} = {_dot(f'q{x}', f'k{x}', r.q.node.meta['val'].dtype)}")
-            self.vars[r.frame] = Value(f"s{x}", True)
+            self.vars[r.frame] = Value(f"s{x}", True) if not self.two_pass else self.place(
+                self.held(f"s{x}", r.frame), True, "s")
             for j, partner in enumerate(r.partners):
                 self.partner_scores(j, partner)
             # accumulator state: one online value per reduction and stream
@@ -652,23 +678,29 @@ class _Printer:
         # one P·V accumulator per term of P, each its dot's own accumulator: rescaled, then
         # accumulated into
         terms = r.terms
-        v_elem = "v_ptr.dtype.element_ty"
-        self.loop.append(f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)")
-        self.loop += _scaled("v", r.v)
-        self.term_factors = [deferred_constant(self.term_value(node, form), r.v.node.meta["val"].dtype)
-                             for _, node, form in terms]
+        v_dtype = r.v.node.meta["val"].dtype
+        v_lines = [f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)", *_scaled("v", r.v)]
+        values = [self.term_value(node, form) for _, node, form in terms]
+        self.term_factors = [(p.code, 1.0) if self.two_pass else deferred_constant(p, v_dtype) for p in values]
+        self.checks_output = self.flags_rows and not self.bounded_accumulation()
         for t, (_, node, form) in enumerate(terms):
             self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, {self.dv_width}], tl.float32)")
-            p_tile = f"tl.where(col_ok, {self.term_factors[t][0]}, 0.0).to({v_elem})"
-            if form.scale is not None:
-                self.loop.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
-            self.loop.append(f"acc{t} = {_dot(p_tile, 'v', r.v.node.meta['val'].dtype, f'acc{t}')}")
+        if not self.two_pass:
+            self.loop += v_lines
+            self.loop += self.accumulate(terms, [code for code, _ in self.term_factors], v_dtype, rescale=True)
         for st in self.streams:
             for red in r.reductions:
                 if red.combine in ("max", "min"):
                     name = f"{red.node.name}{self.sfx(st)}"
+                    self.updates.add(len(self.loop))
                     self.loop.append(f"acc_{name} = new_{name}")
         self.epilogue(terms, out_dtype)
+        if self.two_pass:
+            # P with its row factors applied tile by tile (the finished row values of the first pass)
+            finished = [self.finish(code, form.scale, form.factors, form.stream)
+                        for (_, _, form), (code, _) in zip(terms, self.term_factors)]
+            self.second = [line for i, line in enumerate(self.loop) if i not in self.updates]
+            self.second += v_lines + self.accumulate(terms, finished, v_dtype, rescale=False)
         self.body = self.kernel_body()
         return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
                           out_dtype, r.D, r.Dv, configs=tuple(configs),
@@ -678,6 +710,38 @@ class _Printer:
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
                           summaries=tuple(self.summaries), dv_split=self.dv_split,
                           unclassified=tuple(dict.fromkeys(self.unclassified)))
+
+    def bounded_accumulation(self) -> bool:
+        """Can ``Σ P·V``, with P's row factors deferred past it, overflow only where eager's
+        ``Σ (P·factors)·V`` does? Yes where nothing is deferred, and for a softmax's terms over
+        fp16 V: ``E(x − m) ≤ 1`` against its own maximum, divided by its sum (at least 1) after, so
+        the accumulator stays below ``N·65504``. Any other deferral (``s / Σ|s|``, a constant
+        below 1, a bf16 or fp32 V) can overflow at extreme values."""
+        r = self.r
+
+        def softmax_term(node, form) -> bool:
+            while node in r.passthrough or uncast(node) is not node:  # through deferred factors and casts
+                node = r.passthrough.get(node) or uncast(node)
+            own = r.forms.get(node, PLAIN)
+            return (packet(node.target) in HOMOMORPHISMS and form.scale is not None and own.scale is form.scale
+                    and all(f.op == "div" and f.row in r.unit_bounded_sums for f in form.factors))
+
+        deferred = any(form.scale is not None or form.factors for _, _, form in r.terms)
+        if any(c != 1.0 for _, c in self.term_factors):
+            return False
+        return not deferred or (r.v.node.meta["val"].dtype is torch.float16
+                                and all(softmax_term(node, form) for _, node, form in r.terms))
+
+    def accumulate(self, terms: list, tiles: list, v_dtype, rescale: bool) -> list[str]:
+        """Loop lines that add each term's ``tile·V`` into its accumulator, rescaled first by the
+        term's running maximum where ``rescale``."""
+        lines = []
+        for t, ((_, _, form), tile) in enumerate(zip(terms, tiles)):
+            p_tile = f"tl.where(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
+            if rescale and form.scale is not None:
+                lines.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
+            lines.append(f"acc{t} = {_dot(p_tile, 'v', v_dtype, f'acc{t}')}")
+        return lines
 
     def term_value(self, node: fx.Node, form) -> Value:
         """The tile of a term of P: printed in its own stream's values where it belongs to one,
@@ -749,7 +813,7 @@ class _Printer:
                 code = form_fma.format(x=base, k=repr(c * LOG2E), m=m)
             else:
                 code = hom.apply.format(x=x.code, m=m)
-            self.vars[node] = self.place(code, True, "e")
+            self.vars[node] = self.place(self.held(code, node), True, "e")
             return
         if node in r.passthrough:
             self.vars[node] = self.vars[r.passthrough[node]]  # its row factor is applied after the loop
@@ -774,6 +838,11 @@ class _Printer:
         return hom is not None and hom.apply_log2 is not None and config.log2_max and self.prints_fma(hom)
 
     def reduce(self, red) -> None:
+        start = len(self.loop)
+        self.reduce_lines(red)
+        self.updates.update(range(start, len(self.loop)))
+
+    def reduce_lines(self, red) -> None:
         name = f"{red.node.name}{self.sfx()}"
         x = self.vars[red.source]
         acc = f"acc_{name}"
@@ -786,7 +855,8 @@ class _Printer:
             fma = red.combine == "max" and hom is not None and self.prints_fma(hom)
             base, c = (x.scaled or (x.code, None)) if fma else (x.code, None)
             log2 = fma and self.max_in_log2(red.node)
-            if fma:
+            self.fma = self.fma or fma
+            if red.combine == "max" and hom is not None and self.sixteen_bit and self.flags_rows:
                 self.saturable.append((acc, log2))
             if log2:
                 c = (c or 1.0) * LOG2E
@@ -836,7 +906,8 @@ class _Printer:
                 if node in reductions:
                     red = reductions[node]
                     value = self.finish(f"acc_{node.name}{x}", red.scale, red.factors, st)
-                    self.vars[node] = self.place(value, False, "row")
+                    self.vars[node] = self.place(self.held(value, node), False, "row")
+                    self.check_range(red)
                 elif packet(node.target) in ROW_LAYOUTS:
                     self.vars[node] = self.vars[node.args[0]]  # a row value's unit axis dropped or restored
                 else:
@@ -846,9 +917,11 @@ class _Printer:
             ptr = self.param(f"side{i}_ptr", ("side", i))
             self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, "
                              f"{self.vars[node].code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
-        parts = [("+" if sign > 0 else "-") + f" {self.finish(f'acc{t}', form.scale, form.factors, form.stream)}"
-                 + (f" * {c!r}" if c != 1.0 else "")
-                 for t, ((sign, _, form), (_, c)) in enumerate(zip(terms, self.term_factors))]
+        self.out_at = len(self.post)
+        finished = [f"acc{t}" if self.two_pass else self.finish(f"acc{t}", form.scale, form.factors, form.stream)
+                    for t, (_, _, form) in enumerate(terms)]
+        parts = [("+" if sign > 0 else "-") + f" {acc}" + (f" * {c!r}" if c != 1.0 else "")
+                 for (sign, _, _), acc, (_, c) in zip(terms, finished, self.term_factors)]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
         if r.output_ops:
             self.store_through_output_ops()
@@ -857,6 +930,15 @@ class _Printer:
             f"tl.store(out_ptr + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
+
+    def check_range(self, red) -> None:
+        """A finished row sum that eager holds in a 16-bit dtype and that is not a softmax's
+        denominator (at most N): flag the rows where it reaches that dtype's largest value, where
+        eager's sum is inf (and ``s / Σ|s|`` is 0 in eager, finite and non-zero in fp32)."""
+        dtype = red.node.meta["val"].dtype
+        if (self.flags_rows and red.combine == "sum" and dtype in (torch.float16, torch.bfloat16)
+                and red.node not in self.r.unit_bounded_sums):
+            self.checks.append((self.vars[red.node].code, torch.finfo(dtype).max))
 
     def store_through_output_ops(self) -> None:
         """Apply the output ops to the tile ``out`` (indexed ``[*fb, rm, dvc]``), following
@@ -1036,14 +1118,24 @@ class _Printer:
             body.append(line)
         return body if replaced == set(conds) else None
 
+    @property
+    def flags(self) -> bool:
+        """Does this kernel flag rows for the repair kernel (``sat_ptr``)?"""
+        return bool(self.saturable or self.checks or self.checks_output)
+
     def saturated_rows(self) -> list[str]:
-        """Lines that set ``saturated`` where a row of this program left the multiply-add form's
-        exact range (SATURATION_LOG2): its running maximum in exp2 units is that large, infinite
-        or NaN. Rows past ``M`` are left out."""
+        """Lines that set ``saturated`` where a row of this program is left to the repair kernel:
+        its running maximum in exp2 units reaches SATURATION_LOG2 (or is infinite or NaN), a
+        checked row value reaches its bound, or (``checks_output``) its output is inf or NaN,
+        which an accumulation of unnormalized terms can reach where eager's normalized one does
+        not. Rows past ``M`` are left out."""
+        bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {SATURATION_LOG2!r})"
+               for acc, log2 in self.saturable]
+        bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
+        if self.checks_output:
+            bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")
         lines = [f"saturated = {ROW} < 0"]
-        for acc, log2 in self.saturable:
-            m2 = acc if log2 else f"{acc} * {LOG2E!r}"
-            lines.append(f"saturated = saturated | (({ROW} < M) & ~(tl.abs({m2}) < {SATURATION_LOG2!r}))")
+        lines += [f"saturated = saturated | (({ROW} < M) & {b})" for b in bad]
         return lines
 
     def kernel_body(self) -> list[str]:
@@ -1052,25 +1144,41 @@ class _Printer:
         masking of the reductions), then over the one partial tile, if any, with the checks."""
         tile_range = self.tile_range()  # may add parameters: tensors summarized per tile
         body = [*self.pre, *tile_range, "n_split = tl.minimum(hi_t, N // BLOCK_N)"]
+        full_loop = self.full_tile_loop() if self.full_proved and not self.two_pass else None
+        body += self.key_loops(self.loop, full_loop)
+        if self.two_pass:  # the row values finished, then P·V of the finished P
+            body += self.post[:self.out_at]
+            body += [f"new_{red.node.name}{self.sfx(st)} = acc_{red.node.name}{self.sfx(st)}"
+                     for st in self.streams for red in self.r.reductions if red.combine in ("max", "min")]
+            body += self.key_loops(self.second, None)
+            body += self.post[self.out_at:]
+        else:
+            body += self.post
+        if self.flags:  # flagged for the repair kernel (one int8 per row; streams share it)
+            body += [*self.saturated_rows(),
+                     f"tl.store(sat_ptr + lin.to(tl.int64) * M + {ROW}, saturated.to(tl.int8), mask={ROW} < M)"]
+        return body
+
+    def key_loops(self, loop: list, full_loop: list | None) -> list[str]:
+        """The loops over N that run ``loop``: over the whole key tiles, where ``col_ok`` is a
+        constant true, with ``full_loop`` (the masks folded) over the full ones where given, then
+        over the one partial tile, if any, with the checks."""
         whole = ("tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)")
-        full_loop = self.full_tile_loop() if self.full_proved else None
         if full_loop is None:   # whole key tiles, then the partial one
-            loops = [("lo_t", "n_split", *whole, self.loop)]
+            loops = [("lo_t", "n_split", *whole, loop)]
         else:                   # masked, full (masks folded), masked, then the partial one
-            loops = [("lo_t", "f_lo", *whole, self.loop), ("f_lo", "f_hi", *whole, full_loop),
-                     ("f_hi", "n_split", *whole, self.loop)]
+            loops = [("lo_t", "f_lo", *whole, loop), ("f_lo", "f_hi", *whole, full_loop),
+                     ("f_hi", "n_split", *whole, loop)]
         loops.append(("n_split" if not self.skips_tiles else "tl.maximum(lo_t, n_split)", "hi_t", "cn < N",
-                      "offs_n[:, None] < N", self.loop))
-        for start, stop, col_ok, row_ok, loop in loops:
+                      "offs_n[:, None] < N", loop))
+        body = []
+        for start, stop, col_ok, row_ok, lines in loops:
             body.append(f"for start_n in range(({start}) * BLOCK_N, ({stop}) * BLOCK_N, BLOCK_N):")
             body += ["    " + line for line in (
                 "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
-            body += ["    " + line for line in loop]
-        if self.saturable:  # flagged for the repair kernel (one int8 per row; streams share it)
-            body += [*self.saturated_rows(),
-                     f"tl.store(sat_ptr + lin.to(tl.int64) * M + {ROW}, saturated.to(tl.int8), mask={ROW} < M)"]
-        return body + self.post
+            body += ["    " + line for line in lines]
+        return body
 
     def function(self, lead: tuple = ("out_ptr",), body: list | None = None, tail: tuple = ()) -> list[str]:
         """The ``@triton.jit`` function's lines: parameters ``lead``, the run-time ones, the
@@ -1085,7 +1193,7 @@ class _Printer:
         """The module source: this printer's kernel (with ``sat_ptr`` after ``out_ptr`` where it flags
         saturated rows), and given ``repair`` (the region printed in eager's own forms,
         EXACT_FORMS), the repair kernel (repair_body)."""
-        functions = self.function(("out_ptr", "sat_ptr") if self.saturable else ("out_ptr",))
+        functions = self.function(("out_ptr", "sat_ptr") if self.flags else ("out_ptr",))
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
                                                ("SAT_STREAMS: tl.constexpr", "REPAIR_SCAN: tl.constexpr"))]
@@ -1405,11 +1513,12 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> Ke
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, dv_split)
     plan = printer.build(kinds, out_dtype, configs)
-    plan.flags = bool(printer.saturable)
+    plan.flags, plan.fp_fusion = printer.flags, printer.fma
     if not plan.flags and elem_bytes != 2:
         return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) whose rows to repair
     with config.overridden(**EXACT_FORMS):  # eager's form over every key tile (no tile summaries)
         repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair", dv_split)
+        repair.two_pass, repair.flags_rows = True, False
         repair.build(kinds, out_dtype, configs)
     plan.source = printer.source(repair)
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its

@@ -399,7 +399,7 @@ class Launcher:
                 with _launching():
                     # a kernel in eager's own form runs without fp contraction (SATURATION_LOG2)
                     compiled = kernel[grid](out, *flags, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                            num_stages=stages, enable_fp_fusion=plan.flags)
+                                            num_stages=stages, enable_fp_fusion=plan.fp_fusion)
                     repair = self.run_repair(inputs, frame, out, sides, flags[0]) if flags else None
                 launched[tile] = (compiled, grid, args, repair)
             bound = self.bound_for(tile, launched[tile], inputs, out, frame) if key is not None else None

@@ -242,4 +242,13 @@ def _fx_tanh(x):
     t = tl.where(ax < 0.25, small, big)
     return tl.where(x < 0, -t, t)
 ''',
+    "_fx_round_bf16": """
+@triton.jit
+def _fx_round_bf16(x):
+    # x rounded to bfloat16 (to nearest, ties to even) and held in fp32; Triton's interpreter
+    # truncates its own bf16 conversions. A carry past the 16 low bits rounds up; inf and NaN stay.
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.to(tl.float32, bitcast=True)
+""",
 }

@@ -436,8 +436,8 @@ class _FormInference:
     def _online_max_of(self, x: fx.Node) -> fx.Node | None:
         """The online maximum of ``x``, or of ``x`` through float casts (``E(x - m)·E(m - r)``
         holds for any ``m``; the maximum keeps the exponent at most about zero)."""
-        base = _uncast(x)
-        return next((r.node for r in self.reductions if r.combine == "max" and _uncast(r.source) is base), None)
+        base = uncast(x)
+        return next((r.node for r in self.reductions if r.combine == "max" and uncast(r.source) is base), None)
 
     def _homomorphism(self, node: fx.Node, shifted: fx.Node) -> Form:
         """``E(x - r)``: computed as ``E(x - m)`` against the running maximum ``m`` of ``x`` and
@@ -505,7 +505,7 @@ class _FormInference:
                             f"{args[i].name if isinstance(args[i], fx.Node) else args[i]}")
 
 
-def _uncast(node):
+def uncast(node):
     while _is(node, aten._to_copy) and node.kwargs.get("dtype") in FLOAT_DTYPES and len(node.kwargs) == 1:
         node = node.args[0]
     return node
