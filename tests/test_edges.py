@@ -128,6 +128,40 @@ def test_deferred_values_and_16_bit_roundings_at_the_extremes(program, dtype, de
     assert_accurate(program, args, out)
 
 
+def narrow_values(dv):
+    """Attention over V narrower than its power-of-two tile (bshd layout, GQA by ``expand``)."""
+    def program(q, k, v):
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        b, hkv, n, d = k.shape
+        k = k[:, :, None].expand(b, hkv, 2, n, d).reshape(b, 2 * hkv, n, d)
+        v = v[:, :, None].expand(b, hkv, 2, n, dv).reshape(b, 2 * hkv, n, dv)
+        return (torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1) @ v).transpose(1, 2)
+    return program
+
+
+@pytest.mark.parametrize("dv", [1, 8, 24])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_values_narrower_than_their_tile_are_right_at_every_tile(dv, dtype, device):
+    """V's padded Dv columns re-read its last column rather than being masked: a 16-bit V tile
+    masked along Dv gave wrong rows and illegal addresses on an H100 at 64-wide tiles (Triton
+    3.6). Every candidate tile is run, fused, within eager's error."""
+    from fxflash.codegen import tuning
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, h, w, generator=g).to(dtype).to(device)
+               for n, h, w in ((16, 4, 24), (130, 2, 24), (130, 2, dv)))
+    program = narrow_values(dv)
+    (region,) = fxflash.explain(program, q, k, v).regions
+    v_loads = [line for line in region.source.splitlines() if "tl.load(v_ptr" in line]
+    assert v_loads and all("tl.minimum(offs_dv, DV - 1)" in line and "< DV" not in line for line in v_loads)
+    optimized = fxflash.optimize(program)
+    for tile in region.configs if device == "cuda" else [None]:
+        with tuning.pinned(tile) if tile else contextlib.nullcontext():
+            out = optimized(q, k, v)
+        assert_fused(optimized.report(q, k, v))
+        assert_accurate(program, (q, k, v), out)
+
+
 def assert_weighted_means(out, v, eager):
     """Logits so large that a one-ulp difference in a score moves the whole weight from one key to
     another (eager's matmul and the kernel's sum in other orders): each output row is still a

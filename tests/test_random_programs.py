@@ -211,6 +211,8 @@ def _copies(args):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(PROGRAMS)
 def test_random_program_matches_eager(spec):
+    if os.environ.get("FXFLASH_LONG"):
+        print(f"drawing {spec}", flush=True)  # the program a crash that stops the process was running
     program, args = make_program(spec)
     args = tuple(a.to("cuda" if ON_GPU else "cpu") for a in args)
     optimized = fxflash.optimize(program)

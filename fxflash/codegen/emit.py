@@ -646,11 +646,14 @@ class _Printer:
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
         d_row = "offs_d[None, :] < D" if r.D != _pow2(r.D) else None
         d_col = "offs_d[:, None] < D" if r.D != _pow2(r.D) else None
-        dv_row = "offs_dv[None, :] < DV" if r.Dv != _pow2(r.Dv) else None
         lins = [self.stream_lin(st) for st in self.streams]
         q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row, lins)
         k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok", lins)
-        (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", "offs_dv[None, :]", "row_ok", dv_row)
+        # V's padded Dv columns re-read its last column instead of being masked: on an H100 (Triton
+        # 3.6) a 16-bit V tile masked along Dv fed to tl.dot at 64-wide tiles gave wrong rows and
+        # illegal addresses (benchmarks/NOTES.md, 2026-11-26); the padded output columns are never stored
+        v_cols = "offs_dv[None, :]" if r.Dv == _pow2(r.Dv) else "tl.minimum(offs_dv, DV - 1)[None, :]"
+        (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", v_cols, "row_ok", None)
         reductions = {red.node: red for red in r.reductions}
         for st, q_ptr, k_ptr in zip(self.streams, q_ptrs, k_ptrs):
             self.enter_stream(st)
