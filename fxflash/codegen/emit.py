@@ -56,16 +56,19 @@ FLT_MAX = torch.finfo(torch.float32).max
 OFFSET_GUARD = f"tl.maximum({{m}}, {-FLT_MAX!r}, propagate_nan=tl.PropagateNan.ALL)"
 # The multiply-add form ``2^(x·k − m₂)`` (rules.Homomorphism.apply_fma) rounds ``m₂ = k·max(x)`` on
 # its own, so the largest score's exponent is off by up to half an ulp of ``m₂`` instead of 0; and
-# ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). A 16-bit kernel flags
-# each row whose maximum in exp2 units reaches ``|m₂| ≥ 2¹¹`` (or is ±inf or NaN: an overflowed
-# fold, a fully masked row), and the repair kernel computes it as eager does: two passes, each
-# value rounded to the dtype eager holds it in (_Printer.two_pass). Below the bound the exponent's
-# error is under 2⁻¹³ and common to the row. At it, eager's own 16-bit rounding decides the answer:
-# fp16 rounds ``s − 65504`` (its ``finfo.min`` as a mask) to steps of 32, so a row masked entirely
-# is eager's few-valued row, not the softmax of its fp32 scores. Launched without fp contraction:
-# a multiply fused into the subtraction would round differently from the maximum
+# ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). While every row's
+# ``|m₂| < 2²⁶`` the error is at most 4 in the exponent, common to the row and cancelled by its
+# sum (p ≤ 16, within fp16). A row beyond that (or at ±inf or NaN: an overflowed fold, a fully
+# masked row) is flagged, and the repair kernel computes it as eager does: two passes, each value
+# rounded to the dtype eager holds it in (_Printer.two_pass). fp16 rows are flagged from
+# ``|m₂| ≥ 2¹⁴`` (scores of ±11357), where eager's own rounding decides the answer: fp16 rounds
+# ``s − 65504`` (its ``finfo.min`` as a mask) to steps of 32, so a row masked entirely is eager's
+# few-valued row, not the softmax of the kernel's fp32 scores. bf16 and fp32 masks of their own
+# ``finfo.min`` are absorbed in fp32 as in eager. (2¹¹ for every dtype flagged ALiBi's rows of
+# +2000 at 4k tokens and cost 4.7×: benchmarks/NOTES.md, 2026-11-26.) Launched without fp
+# contraction: a multiply fused into the subtraction would round differently from the maximum
 # (_Printer.saturated_rows, emit_kernel, launch).
-SATURATION_LOG2 = float(1 << 11)
+SATURATION_LOG2 = {torch.float16: float(1 << 14), torch.bfloat16: float(1 << 26)}
 # The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
 EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)
 
@@ -1132,8 +1135,8 @@ class _Printer:
         checked row value reaches its bound, or (``checks_output``) its output is inf or NaN,
         which an accumulation of unnormalized terms can reach where eager's normalized one does
         not. Rows past ``M`` are left out."""
-        bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {SATURATION_LOG2!r})"
-               for acc, log2 in self.saturable]
+        bound = SATURATION_LOG2.get(self.r.q.node.meta["val"].dtype)  # 16-bit inputs: their maxima flagged
+        bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})" for acc, log2 in self.saturable]
         bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
         if self.checks_output:
             bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")

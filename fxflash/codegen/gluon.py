@@ -612,7 +612,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
                      [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights,
-                     out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16)
+                     out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16,
+                     saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype])
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
@@ -745,14 +746,15 @@ class _StreamLines:
 
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
-            q_scale=(), weights=(1.0,), out_tma=None, check_acc=True) -> str:
+            q_scale=(), weights=(1.0,), out_tma=None, check_acc=True, saturation=SATURATION_LOG2[torch.bfloat16]) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
     ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
     inputs read by TMA (_GluonPrinter); ``q_scale``: emit's lines that scale the loaded Q tile
     ``q_in`` (q_tile_scale); ``weights``: each softmax stream's weight (Softmax.weights);
     ``out_tma``: the output stored by TMA (_GluonPrinter.tma_store); ``check_acc``: rows whose
-    accumulator overflowed are flagged too (emit._Printer.bounded_accumulation)."""
+    accumulator overflowed are flagged too (emit._Printer.bounded_accumulation); ``saturation``:
+    the bound on a row's maximum in exp2 units beyond which it is flagged (emit.SATURATION_LOG2)."""
     api = gluon_api()
     streams = _StreamLines.of(len(weights), api["tma_load"])
     fbs = "".join(f"fb{i}, " for i in range(fb))
@@ -818,7 +820,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
                                                "rest = lin", *unravel, *rows]),
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
-        flt_max=FLT_MAX, saturation=repr(SATURATION_LOG2), flag_streams=streams.count, check_acc=check_acc,
+        flt_max=FLT_MAX, saturation=repr(saturation), flag_streams=streams.count, check_acc=check_acc,
         flag_stream="WG" if streams.count > 1 else "0", mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles), store_drain=STORE_DRAIN if out_tma else "", store_alloc=(
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
@@ -1165,7 +1167,8 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     _release(kv_empty.index(last), TILE_LOADS)
 
-    # rows whose running maximum left the multiply-add form's exact range (emit.SATURATION_LOG2),
+    # rows whose running maximum reached emit.SATURATION_LOG2 (the multiply-add form's exact range,
+    # or in fp16 where eager's own rounding decides),
     # and over bf16 V rows whose unnormalized accumulator overflowed (emit's bounded_accumulation):
     # flagged for the launch's repair kernel, which computes them again in eager's own form
     sat_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
