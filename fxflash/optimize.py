@@ -96,12 +96,17 @@ class _Optimizer:
         self._cache_size = cache_size
         self.cache = SignatureCache(lambda: self._cache_size or config.cache_size)
         self._signatures: dict = {}  # exact_key → signature_of, for flat calls (a memo)
+        self._submodules = list(module.modules()) if module is not None else []
 
     def signature(self, args: tuple, kwargs: dict, params: dict):
+        # the module's train/eval flags decide what its graph computes (dropout, batch norm)
+        modes = tuple(m.training for m in self._submodules)
         exact = exact_key(args, kwargs, params)
+        if exact is not None:
+            exact = (exact, modes)
         key = self._signatures.get(exact) if exact is not None else None
         if key is None:
-            key = signature_of(args, kwargs, params)
+            key = (signature_of(args, kwargs, params), modes)
             if exact is not None:
                 if len(self._signatures) >= 4 * max(1, len(self.cache)) + 16:
                     self._signatures.clear()

@@ -505,3 +505,34 @@ def test_data_dependent_code_runs_as_written_once_per_call():
     small = q / 100  # the other branch
     torch.testing.assert_close(optimized(small, k, v), branchy(small, k, v))
     assert len(runs) == 2
+
+
+class DropoutAttention(torch.nn.Module):
+    """Attention whose output projection has dropout: what it computes depends on train()/eval()."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(32, 32)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, q, k, v):
+        o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1) @ v
+        return self.drop(self.proj(o))
+
+
+@pytest.mark.parametrize("first", ["eval", "train"])
+def test_train_and_eval_are_part_of_the_signature(first, device):
+    """A module captured in one mode and called in the other gets a graph of its own: dropout
+    applies in training only (about half the outputs zero), never in eval."""
+    model = DropoutAttention().to(device)
+    q, k, v = (t.to(device) for t in _qkv(torch.float32))
+    optimized = fxflash.optimize(model)
+    for mode in (first, "eval" if first == "train" else "train"):
+        getattr(model, mode)()
+        out = optimized(q, k, v)
+        assert_fused(optimized.report(q, k, v))
+        zeros = (out == 0).float().mean().item()
+        if mode == "eval":
+            torch.testing.assert_close(out, model(q, k, v))
+        else:
+            assert 0.35 < zeros < 0.65, zeros

@@ -1,20 +1,31 @@
-"""The on-disk kernel cache: generated Triton modules, content-addressed.
+"""Generated kernel modules, and the directory that holds what fxflash remembers across processes.
 
-Each kernel's source is written once to ``<cache dir>/k_<sha256>.py``, where the hash covers
-the source and the Triton and torch versions (so the region structure, the dtypes that the
-source prints, and the toolchain are all in the key; Triton keeps its own per-device binary
-cache). The directory is created with user-only permissions. A file whose content does not
-hash to its name (corrupt, or written by someone else) is never imported: it is rewritten.
-No pickle is used anywhere.
+**Kernels are compiled from memory.** A generated module's source exists in this process (the
+printer made it), so it is compiled from that string and executed into a fresh module, never
+imported from a file: nothing on disk (a planted ``k_<hash>.py``, its ``__pycache__`` bytecode,
+a file swapped between a check and an import) can run in its place. Triton reads a kernel's
+source through ``inspect``; the module's lines are registered in ``linecache`` under a name that
+is not a path (``<fxflash kernel k_<hash>>``), which ``linecache`` never looks up on disk. One
+module per distinct source and toolchain (``source_key``), kept for the process.
+
+**The cache directory** (``config.kernel_cache_dir``) holds ``tuning.json`` (codegen/tuning.py).
+It is trusted only as a directory of this user's alone: created user-only (0700), and an existing
+one that is a symlink, not a directory, owned by another user, or writable by group or others is
+refused with a warning for a private temporary directory, as SSH refuses key files others can
+write. Where neither can be had, nothing is stored (``cache_dir()`` returns None) and kernels are
+tuned again in each process. No pickle is used anywhere.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
 import os
+import stat
 import sys
 import tempfile
 import threading
+import types
+import warnings
 
 import torch
 import triton
@@ -23,12 +34,52 @@ from ..config import config
 
 _lock = threading.Lock()
 _modules: dict = {}
+_dirs: dict = {}  # configured path → the directory used for it (itself, a private one, or None)
 
 
-def cache_dir() -> str:
+def cache_dir() -> str | None:
+    """The directory to store in: the configured one where it can be trusted (created user-only
+    where missing), else a private temporary one (with a warning), else None."""
     path = config.kernel_cache_dir
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    with _lock:
+        if path not in _dirs:
+            _dirs[path] = _trusted_dir(path)
+        return _dirs[path]
+
+
+def _trusted_dir(path: str) -> str | None:
+    why = _distrust(path)
+    if why is None:
+        return path
+    warnings.warn(f"fxflash: not using the cache directory {path} ({why}); kernels tuned in this process are "
+                  "remembered in a private temporary directory instead", RuntimeWarning, stacklevel=4)
+    try:
+        return tempfile.mkdtemp(prefix="fxflash-")  # created 0700 by this user
+    except OSError:
+        return None
+
+
+def _distrust(path: str) -> str | None:
+    """Why ``path`` cannot be trusted as this user's cache directory, or None (then it exists)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return f"cannot be created: {exc.strerror or exc}"
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
 
 
 def source_key(source: str) -> str:
@@ -39,34 +90,22 @@ def source_key(source: str) -> str:
     return h.hexdigest()
 
 
-def _write_atomic(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_", suffix=".py")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
-def _stored(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def load_kernel(source: str, name: str):
-    """The ``@triton.jit`` function ``name`` defined by ``source``, through the disk cache."""
+    """The ``@triton.jit`` function ``name`` defined by ``source``, compiled from ``source`` itself."""
     key = source_key(source)
     with _lock:
-        if key in _modules:
-            return getattr(_modules[key], name)
-        path = os.path.join(cache_dir(), f"k_{key}.py")
-        if _stored(path) != source:
-            _write_atomic(path, source)
-        spec = importlib.util.spec_from_file_location(f"fxflash_kernels.k_{key}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # triton.jit reads the source through inspect
-        spec.loader.exec_module(module)
-        _modules[key] = module
+        module = _modules.get(key)
+        if module is None:
+            module = _modules[key] = _module_of(source, key)
         return getattr(module, name)
+
+
+def _module_of(source: str, key: str) -> types.ModuleType:
+    filename = f"<fxflash kernel k_{key}>"
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: never checked on disk
+    module = types.ModuleType(f"fxflash_kernels.k_{key}")
+    module.__file__ = filename
+    sys.modules[module.__name__] = module  # inspect finds a function's module here
+    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+    return module

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import weakref
 
 import torch
 import torch.fx as fx
@@ -65,15 +66,21 @@ class RegisteredRegion:
         return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
 
 
-_REGISTRY: dict[str, RegisteredRegion] = {}
+# A region lives as long as a graph that calls it: the graph holds its entry (``register``'s
+# ``owner``), the registry only a weak reference, so an optimized callable's evicted or deleted
+# graphs free their kernels' entries too.
+_REGISTRY: weakref.WeakValueDictionary[str, RegisteredRegion] = weakref.WeakValueDictionary()
 _ids = itertools.count()
 _lock = threading.Lock()
+OWNED = "_fxflash_regions"  # the attribute of a graph module that holds its regions' entries
 
 
-def register(entry: RegisteredRegion) -> str:
+def register(entry: RegisteredRegion, owner: fx.GraphModule) -> str:
+    """Register ``entry`` for the graph ``owner`` that calls it; the key its call names."""
     with _lock:
         key = f"{entry.plan.name}#{next(_ids)}"
         _REGISTRY[key] = entry
+    owner.__dict__.setdefault(OWNED, []).append(entry)
     return key
 
 

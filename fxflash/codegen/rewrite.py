@@ -10,16 +10,20 @@ import torch.fx as fx
 from ..patterns.region import FusionRefused, Region
 from .emit import KernelPlan
 from .launch import FOLDED_VIEWS
-from .op import RegisteredRegion, call_region, register, registered
+from .op import OWNED, RegisteredRegion, call_region, register, registered
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
-    """A new GraphModule with a copy of ``gm``'s graph, and the map from its nodes to the copy's."""
+    """A new GraphModule with a copy of ``gm``'s graph (and of its hold on the regions it calls:
+    op.register), and the map from its nodes to the copy's."""
     graph = fx.Graph()
     node_map: dict = {}
     out = graph.graph_copy(gm.graph, node_map, return_output_node=True)
     graph.output(out[0] if isinstance(out, tuple) else out)
-    return fx.GraphModule(gm, graph), node_map
+    copy = fx.GraphModule(gm, graph)
+    if OWNED in gm.__dict__:
+        copy.__dict__[OWNED] = list(gm.__dict__[OWNED])
+    return copy, node_map
 
 
 _VIEW_NAMES = {op: name for name, op in FOLDED_VIEWS.items()}
@@ -162,7 +166,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         shapes = [_size_arg(gm, s, sources) for r in results for s in r.meta["val"].shape]
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         ranks = tuple(r.meta["val"].dim() for r in results)
-        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float))
+        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float), gm)
         sizes = frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
         scalars = [node_map[n] for n, f in zip(extra, is_float) if f]
         call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes, scalars))

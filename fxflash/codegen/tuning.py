@@ -47,8 +47,10 @@ import json
 import logging
 import math
 import os
+import stat
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -82,8 +84,10 @@ history: list[dict] = []          # one record per tuning or disk hit (when time
                                   # of tuning.json's entry), for reports and benchmarks
 
 
-def tuning_file() -> str:
-    return os.path.join(cache_dir(), "tuning.json")
+def tuning_file() -> str | None:
+    """``<cache dir>/tuning.json``, or None where no directory can be trusted (cache.cache_dir)."""
+    directory = cache_dir()
+    return os.path.join(directory, "tuning.json") if directory is not None else None
 
 
 def size_bucket(frame) -> tuple:
@@ -133,13 +137,30 @@ def _read_disk() -> dict:
     return _disk
 
 
-def _load(path: str) -> dict:
+MAX_FILE_BYTES = 64 << 20  # a tuning file larger than this is not read
+
+
+def _load(path: str | None) -> dict:
+    """tuning.json's entries; {} where there is none. A file that is not a regular file of at
+    most MAX_FILE_BYTES (a FIFO, a link to /dev/zero), or not the JSON this tuner writes, is set
+    aside with a warning: never followed through a symlink, never waited on, never parsed
+    without bound."""
+    if path is None:
+        return {}
     try:
-        with open(path) as f:
-            data = json.load(f)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        _set_aside(path, exc)
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+                raise ValueError("not a regular file of at most 64 MiB")
+            data = json.loads(f.read(MAX_FILE_BYTES + 1))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         _set_aside(path, exc)
         return {}
     if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION or not isinstance(data.get("entries"), dict):
@@ -155,25 +176,61 @@ def _set_aside(path: str, why) -> None:
         os.replace(path, path + ".bad")
 
 
+@contextlib.contextmanager
+def _file_lock(path: str):
+    """An exclusive lock on ``<path>.lock`` (POSIX advisory), so that processes storing at once
+    merge their entries in turn instead of the last writer's winning."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: unlocked, as before
+        yield
+        return
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _store(key: str, entry: dict) -> None:
-    """Merge ``entry`` into tuning.json (re-read first: another process may have added some)."""
-    path = tuning_file()
-    entries = _load(path)
-    entries[key] = entry
+    """Merge ``entry`` into tuning.json under its lock: read what other processes stored, add
+    ``entry``, write a temporary file of this process's own (``mkstemp``: created exclusively,
+    never through a symlink) and rename it over the file."""
     _read_disk()[key] = entry
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"version": FORMAT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    path = tuning_file()
+    if path is None:
+        return
+    directory = os.path.dirname(path)
+    with _file_lock(path):
+        entries = _load(path)
+        entries[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tuning-", suffix=".tmp")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": FORMAT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+
+def _valid_tile(config) -> Tile | None:
+    """A stored ``config`` as a tile: a list of ints (not bools, not floats) and labels; else None."""
+    if not isinstance(config, list) or not config:
+        return None
+    if not all(type(part) is int or isinstance(part, str) for part in config):
+        return None
+    return tuple(config)
 
 
 def _stored_tile(key: str, candidates) -> Tile | None:
     entry = _read_disk().get(key)
     if not isinstance(entry, dict):
         return None
-    tile = tuple(entry.get("config") or ())
-    return tile if tile in candidates else None
+    tile = _valid_tile(entry.get("config"))
+    return tile if tile is not None and tile in candidates else None
 
 
 @contextlib.contextmanager
@@ -371,7 +428,7 @@ def forget(disk: bool = False) -> None:
         _chosen.clear()
         _disk = None
         _epoch += 1
-        if disk:
+        if disk and tuning_file() is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tuning_file())
 
@@ -396,7 +453,8 @@ class _Progress:
             sys.stderr.flush()
 
     def done(self, best: Tile, seconds: float) -> None:
-        line = f"{self.label}: {describe(best)} ({seconds:.1f} s; stored in {tuning_file()})"
+        where = f"stored in {tuning_file()}" if tuning_file() is not None else "not stored: no cache directory"
+        line = f"{self.label}: {describe(best)} ({seconds:.1f} s; {where})"
         log.info("%s", line)
         if config.progress:
             sys.stderr.write(f"\r{line}\x1b[K\n" if self.live else f"{line}\n")
