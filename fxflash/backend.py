@@ -20,7 +20,7 @@ import logging
 import torch
 
 from .capture import capture
-from .codegen.op import OWNED
+from .codegen.op import owned
 from .pipeline import optimize_graph, timed
 
 log = logging.getLogger("fxflash")
@@ -83,7 +83,7 @@ def backend(inner: str = "inductor"):
         def run(*args):
             return captured.run(compiled, {}, args, {})
 
-        run.regions = rewritten.__dict__.get(OWNED, [])  # the fused regions live as long as Dynamo keeps run
+        run.regions = owned.get(rewritten, [])  # the fused regions live as long as Dynamo keeps run
         return run
 
     return fxflash_compile

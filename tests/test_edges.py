@@ -536,3 +536,18 @@ def test_train_and_eval_are_part_of_the_signature(first, device):
             torch.testing.assert_close(out, model(q, k, v))
         else:
             assert 0.35 < zeros < 0.65, zeros
+
+
+def test_a_float_argument_that_changes_between_calls_is_a_refusal_not_an_error(device):
+    """Dynamo makes a float argument that changes between calls symbolic: the region reading it
+    is refused (a fused kernel reads only scalars fixed when compiled) and runs as eager, with
+    no internal error (warnings are errors here) and eager's answers."""
+    def attention(q, k, v, scale):
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+    torch._dynamo.reset()
+    q, k, v = (t.to(device) for t in _qkv(torch.float32))
+    compiled = torch.compile(attention, backend="fxflash")
+    for scale in (0.25, 0.3, 0.5):
+        torch.testing.assert_close(compiled(q, k, v, scale), attention(q, k, v, scale))
+    torch._dynamo.reset()

@@ -327,6 +327,9 @@ class _Printer:
             return self.vars[a]
         value = a.meta.get("val")
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if not value.node.has_hint():  # known only at run time (``.item()``, a float Dynamo made dynamic)
+                raise Unprintable(f"{a.name} is a {type(value).__name__} known only at run time; a fused "
+                                  "kernel reads only scalars fixed when it is compiled")
             kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
             return Value(literal(kind(value)), is_literal=True)  # specializes (and guards) on it
         return self.outside(a, self.idx_of(a, idx))

@@ -66,13 +66,14 @@ class RegisteredRegion:
         return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
 
 
-# A region lives as long as a graph that calls it: the graph holds its entry (``register``'s
-# ``owner``), the registry only a weak reference, so an optimized callable's evicted or deleted
-# graphs free their kernels' entries too.
+# A region lives as long as a graph that calls it: ``owned`` maps each graph (weakly) to the
+# entries of its regions, the registry holds them weakly, so an optimized callable's evicted or
+# deleted graphs free their kernels' entries too. (Not an attribute of the graph: Inductor pickles
+# the graph for its cache.)
 _REGISTRY: weakref.WeakValueDictionary[str, RegisteredRegion] = weakref.WeakValueDictionary()
+owned: weakref.WeakKeyDictionary[fx.GraphModule, list] = weakref.WeakKeyDictionary()
 _ids = itertools.count()
 _lock = threading.Lock()
-OWNED = "_fxflash_regions"  # the attribute of a graph module that holds its regions' entries
 
 
 def register(entry: RegisteredRegion, owner: fx.GraphModule) -> str:
@@ -80,7 +81,7 @@ def register(entry: RegisteredRegion, owner: fx.GraphModule) -> str:
     with _lock:
         key = f"{entry.plan.name}#{next(_ids)}"
         _REGISTRY[key] = entry
-    owner.__dict__.setdefault(OWNED, []).append(entry)
+        owned.setdefault(owner, []).append(entry)
     return key
 
 

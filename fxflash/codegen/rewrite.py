@@ -10,7 +10,7 @@ import torch.fx as fx
 from ..patterns.region import FusionRefused, Region
 from .emit import KernelPlan
 from .launch import FOLDED_VIEWS
-from .op import OWNED, RegisteredRegion, call_region, register, registered
+from .op import RegisteredRegion, call_region, owned, register, registered
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -21,8 +21,8 @@ def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
     out = graph.graph_copy(gm.graph, node_map, return_output_node=True)
     graph.output(out[0] if isinstance(out, tuple) else out)
     copy = fx.GraphModule(gm, graph)
-    if OWNED in gm.__dict__:
-        copy.__dict__[OWNED] = list(gm.__dict__[OWNED])
+    if gm in owned:
+        owned[copy] = list(owned[gm])
     return copy, node_map
 
 
