@@ -5,6 +5,7 @@ Every fused answer is checked against float64 within eager's own error (helpers.
 and every test that claims a fused path checks fxflash's report (helpers.assert_fused).
 """
 import contextlib
+import dataclasses
 import logging
 import math
 
@@ -551,3 +552,33 @@ def test_a_float_argument_that_changes_between_calls_is_a_refusal_not_an_error(d
     for scale in (0.25, 0.3, 0.5):
         torch.testing.assert_close(compiled(q, k, v, scale), attention(q, k, v, scale))
     torch._dynamo.reset()
+
+
+@dataclasses.dataclass
+class AttentionConfig:
+    scale: float
+    causal: bool
+
+
+def _configured(q, k, v, cfg):
+    s = q @ k.transpose(-1, -2) * cfg.scale
+    if cfg.causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_object_arguments_are_keyed_by_their_contents(device):
+    """A config object passed as an argument is keyed by its attributes, not its address: new
+    configs made and freed one after another (an address reused) and a config whose attribute
+    changes between calls each get a graph of their own, with eager's answers."""
+    q, k, v = (t.to(device) for t in _qkv(torch.float32))
+    optimized = fxflash.optimize(_configured)
+    for scale, causal in ((0.1, False), (0.7, True), (0.3, False), (0.7, False)):
+        torch.testing.assert_close(optimized(q, k, v, AttentionConfig(scale, causal)),
+                                   _configured(q, k, v, AttentionConfig(scale, causal)))
+    cfg = AttentionConfig(0.2, False)
+    for scale, causal in ((0.2, False), (0.9, False), (0.9, True)):
+        cfg.scale, cfg.causal = scale, causal
+        out = optimized(q, k, v, cfg)
+        assert_fused(optimized.report(q, k, v, cfg))
+        torch.testing.assert_close(out, _configured(q, k, v, cfg))

@@ -2,7 +2,9 @@
 
 A graph traced for one signature is reused only for calls with the same signature: the same
 tensor shapes, dtypes, devices, stride class and ``requires_grad`` flags, the same values of
-non-tensor arguments, and the same grad mode. Anything else is captured anew.
+non-tensor arguments (an object's by its attributes, a tensor among them by identity and
+version: a trace reads it as a constant), and the same grad mode. Anything else is captured
+anew.
 """
 from __future__ import annotations
 
@@ -28,7 +30,43 @@ def _value(x: Any) -> Hashable:
     return x.hex() if isinstance(x, float) else x
 
 
-def _leaf_key(x: Any) -> Hashable:
+class _Held:
+    """An object in a key by identity, held (so that its address is never another object's while
+    the key lives)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Held) and other.obj is self.obj
+
+
+OBJECT_DEPTH = 3  # attributes of attributes … keyed by content this deep, then by identity
+
+
+def _object_key(x: Any, depth: int) -> Hashable:
+    """An object argument by its contents: its type and each attribute's key (a tensor attribute,
+    which a trace reads as a constant, by identity and version too), to OBJECT_DEPTH levels; where
+    its contents cannot be read (no ``__dict__``), the object itself by identity."""
+    fields = getattr(x, "__dict__", None)
+    if not isinstance(fields, dict) or depth >= OBJECT_DEPTH:
+        return ("O", type(x).__qualname__, _Held(x))
+    return ("O", type(x).__qualname__,
+            tuple((name, _leaf_key(value, depth + 1)) for name, value in sorted(fields.items())))
+
+
+def _leaf_key(x: Any, depth: int = 0) -> Hashable:
+    if isinstance(x, torch.Tensor) and depth > 0:  # inside an object: traced as a constant
+        return ("C", _leaf_key(x), _Held(x), x._version)
+    if isinstance(x, (list, tuple)) and depth > 0:
+        return (type(x).__name__, tuple(_leaf_key(v, depth + 1) for v in x))
+    if isinstance(x, dict) and depth > 0:
+        return ("dict", tuple((repr(k), _leaf_key(v, depth + 1)) for k, v in x.items()))
     if isinstance(x, torch.Tensor):
         return (
             "T",
@@ -41,11 +79,9 @@ def _leaf_key(x: Any) -> Hashable:
         )
     if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
         return ("V", type(x).__name__, _value(x))
-    try:
-        hash(x)
-        return ("V", type(x).__name__, x)
-    except TypeError:
-        return ("O", type(x).__name__, id(x))
+    if isinstance(x, torch.nn.Module) or callable(x):
+        return ("O", type(x).__qualname__, _Held(x))  # code and modules: by identity
+    return _object_key(x, depth)
 
 
 def signature_of(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable:
