@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from .capture import CaptureError, SignatureCache, capture, exact_key, module_params, signature_of
+from .capture import Ambient, CaptureError, SignatureCache, capture, exact_key, module_params, signature_of
 from . import internal
 from .config import config
 from .codegen.rewrite import with_direct_calls
@@ -96,17 +96,16 @@ class _Optimizer:
         self._cache_size = cache_size
         self.cache = SignatureCache(lambda: self._cache_size or config.cache_size)
         self._signatures: dict = {}  # exact_key → signature_of, for flat calls (a memo)
-        self._submodules = list(module.modules()) if module is not None else []
+        self._ambient = Ambient(fn, module)
 
     def signature(self, args: tuple, kwargs: dict, params: dict):
-        # the module's train/eval flags decide what its graph computes (dropout, batch norm)
-        modes = tuple(m.training for m in self._submodules)
+        ambient = self._ambient.key()  # what the trace read besides the arguments
         exact = exact_key(args, kwargs, params)
         if exact is not None:
-            exact = (exact, modes)
+            exact = (exact, ambient)
         key = self._signatures.get(exact) if exact is not None else None
         if key is None:
-            key = (signature_of(args, kwargs, params), modes)
+            key = (signature_of(args, kwargs, params), ambient)
             if exact is not None:
                 if len(self._signatures) >= 4 * max(1, len(self.cache)) + 16:
                     self._signatures.clear()

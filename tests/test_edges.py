@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import sys
 
 import pytest
 import torch
@@ -582,3 +583,41 @@ def test_object_arguments_are_keyed_by_their_contents(device):
         out = optimized(q, k, v, cfg)
         assert_fused(optimized.report(q, k, v, cfg))
         torch.testing.assert_close(out, _configured(q, k, v, cfg))
+
+
+SCALE = 0.125  # a global the program below reads
+
+
+class ScaledAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 0.5
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * self.scale * (SCALE * 8), dim=-1) @ v
+
+
+def test_attributes_globals_and_closures_read_by_the_trace_are_part_of_the_signature(device, monkeypatch):
+    """A module attribute, a global and a closure flag that change between calls each get a
+    graph of their own, with eager's answers (each was once reused stale)."""
+    q, k, v = (t.to(device) for t in _qkv(torch.float32))
+    model = ScaledAttention()
+    optimized = fxflash.optimize(model)
+    for scale, global_scale in ((0.5, 0.125), (0.9, 0.125), (0.9, 0.3)):
+        model.scale = scale
+        monkeypatch.setattr(sys.modules[__name__], "SCALE", global_scale)
+        out = optimized(q, k, v)
+        assert_fused(optimized.report(q, k, v))
+        torch.testing.assert_close(out, model(q, k, v))
+
+    causal = False
+
+    def program(q, k, v):
+        s = q @ k.transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+    optimized = fxflash.optimize(program)
+    for causal in (False, True, False):
+        torch.testing.assert_close(optimized(q, k, v), program(q, k, v))

@@ -1,8 +1,9 @@
 """Stage 1: tracing, decomposition, functionalization, the input-signature cache."""
-from .signature import SignatureCache, exact_key, signature_of, stride_class
+from .signature import Ambient, SignatureCache, exact_key, signature_of, stride_class
 from .trace import CaptureError, CapturedGraph, capture, module_params
 
 __all__ = [
+    "Ambient",
     "CaptureError",
     "CapturedGraph",
     "SignatureCache",

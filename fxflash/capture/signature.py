@@ -2,14 +2,17 @@
 
 A graph traced for one signature is reused only for calls with the same signature: the same
 tensor shapes, dtypes, devices, stride class and ``requires_grad`` flags, the same values of
-non-tensor arguments (an object's by its attributes, a tensor among them by identity and
-version: a trace reads it as a constant), and the same grad mode. Anything else is captured
+non-tensor arguments (a dataclass's by its attributes, a tensor among them by identity and
+version: a trace reads it as a constant; other objects by identity), and the same grad mode,
+module modes and plain values the function's code reads (``Ambient``). Anything else is captured
 anew.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
+import types
 from typing import Any, Callable, Hashable
 
 import torch
@@ -50,11 +53,13 @@ OBJECT_DEPTH = 3  # attributes of attributes … keyed by content this deep, the
 
 
 def _object_key(x: Any, depth: int) -> Hashable:
-    """An object argument by its contents: its type and each attribute's key (a tensor attribute,
-    which a trace reads as a constant, by identity and version too), to OBJECT_DEPTH levels; where
-    its contents cannot be read (no ``__dict__``), the object itself by identity."""
+    """A record argument (a dataclass instance, a SimpleNamespace: a config) by its contents: its
+    type and each attribute's key (a tensor attribute, which a trace reads as a constant, by
+    identity and version too), to OBJECT_DEPTH levels. Any other object (a cache the code
+    updates as it runs) by identity, held: its address is never another's while the key lives."""
     fields = getattr(x, "__dict__", None)
-    if not isinstance(fields, dict) or depth >= OBJECT_DEPTH:
+    record = dataclasses.is_dataclass(x) or isinstance(x, types.SimpleNamespace)
+    if not record or not isinstance(fields, dict) or depth >= OBJECT_DEPTH:
         return ("O", type(x).__qualname__, _Held(x))
     return ("O", type(x).__qualname__,
             tuple((name, _leaf_key(value, depth + 1)) for name, value in sorted(fields.items())))
@@ -79,8 +84,8 @@ def _leaf_key(x: Any, depth: int = 0) -> Hashable:
         )
     if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
         return ("V", type(x).__name__, _value(x))
-    if isinstance(x, torch.nn.Module) or callable(x):
-        return ("O", type(x).__qualname__, _Held(x))  # code and modules: by identity
+    if isinstance(x, (torch.nn.Module, types.ModuleType)) or callable(x):  # classes too
+        return ("O", type(x).__qualname__, _Held(x))  # code, Python modules and nn.Modules: by identity
     return _object_key(x, depth)
 
 
@@ -163,3 +168,58 @@ class SignatureCache:
             with self._lock:
                 self._building.pop(key, None)
             event.set()
+
+
+class Ambient:
+    """What a trace reads besides its arguments and parameters, as part of the signature: the
+    train/eval flag of every submodule (dropout, batch norm), every submodule's public attributes
+    (``self.scale``, ``self.causal``; not tensors or submodules), and the closure cells and
+    globals that the function's own code names (a flag in a closure, a global constant): plain
+    values by value, other objects by identity (_plain_key). Names are listed once; their values
+    are read at each call. Code the function calls is not looked into."""
+
+    def __init__(self, fn: Callable, module: torch.nn.Module | None):
+        self.modules = list(module.modules()) if module is not None else []
+        self.attributes = [(m, name) for m in self.modules for name, value in vars(m).items()
+                           if not name.startswith("_") and name != "training"
+                           and not isinstance(value, (torch.Tensor, torch.nn.Module))]
+        code = getattr(fn, "__code__", None)
+        self.cells = list(getattr(fn, "__closure__", None) or ())
+        self.globals = getattr(fn, "__globals__", {})
+        self.global_names = sorted(n for n in _names(code) if n in self.globals) if code is not None else []
+
+    def key(self) -> Hashable:
+        return (tuple(m.training for m in self.modules),
+                tuple(_plain_key(getattr(m, name, None)) for m, name in self.attributes),
+                tuple(_plain_key(_cell_value(c)) for c in self.cells),
+                tuple(_plain_key(self.globals.get(n)) for n in self.global_names))
+
+
+PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def _plain_key(x: Any) -> Hashable:
+    """A plain value (or a tuple of them) by value; anything else by identity: a list, dict or
+    object the function updates as it runs (a log, a cache) would otherwise change the key at
+    every call. (An attribute changed inside such an object is not seen.)"""
+    if isinstance(x, PLAIN):
+        return (type(x).__name__, _value(x))
+    if isinstance(x, tuple) and all(isinstance(v, PLAIN) for v in x):
+        return tuple((type(v).__name__, _value(v)) for v in x)
+    return _Held(x)
+
+
+def _names(code) -> set:
+    """The global names ``code`` and the code nested in it (lambdas, comprehensions) load."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # not yet bound
+        return None
