@@ -22,8 +22,6 @@ from fxflash.variants import VARIANTS, Shape
 from helpers import assert_fused
 from test_tuning import CANDIDATES, FakeGPU, choose
 
-pytestmark = pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
-
 FOREIGN = "import pathlib; pathlib.Path({marker!r}).write_text('ran'); raise SystemExit('foreign code ran')\n"
 SHAPE = Shape(B=1, H=2, Hkv=2, M=20, N=24, D=16, Dv=16)
 
@@ -68,10 +66,12 @@ def test_planted_modules_and_bytecode_never_run(fresh, tmp_path, monkeypatch):
     assert sorted(p.name for p in fresh.iterdir()) == ["__pycache__", f"k_{key}.py"]  # nothing written
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 def test_the_cache_directory_is_created_for_this_user_alone(fresh):
     assert cache.cache_dir() == str(fresh) and stat.S_IMODE(fresh.stat().st_mode) == 0o700
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 def test_files_swapped_while_kernels_load_never_run(fresh, tmp_path):
     """A process that keeps swapping a foreign module in at every name a kernel could have while
     kernels load: none of its code runs, every kernel is the printed one."""
@@ -101,6 +101,7 @@ def test_files_swapped_while_kernels_load_never_run(fresh, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 @pytest.mark.parametrize("make", ["world_writable", "group_writable", "a_file", "a_symlink", "a_dangling_link"])
 def test_an_untrusted_cache_directory_is_refused_for_a_private_one(make, fresh, tmp_path):
     """A cache directory others can write, a file, or a link in its place is refused with a
@@ -123,6 +124,7 @@ def test_an_untrusted_cache_directory_is_refused_for_a_private_one(make, fresh, 
     assert not (target / "tuning.json").exists()
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 def test_a_directory_owned_by_another_user_is_refused(fresh):
     if os.getuid() != 0:
         pytest.skip("changing a directory's owner needs root")
@@ -132,6 +134,7 @@ def test_a_directory_owned_by_another_user_is_refused(fresh):
         cache.cache_dir()
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 def test_the_temporary_tuning_file_follows_no_link(fresh, tmp_path):
     """Links planted at the names a temporary tuning file once had lead nowhere: the unrelated
     file they point to keeps its content and mode."""
@@ -150,6 +153,7 @@ def _nested(depth):
     return "[" * depth + "]" * depth
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 @pytest.mark.parametrize("config", [7, True, 0.5, "128x64", [128.0, 128.0, 8.0, 3.0], [True, 128, 8, 3], None])
 def test_a_corrupt_entry_is_timed_again(config, fresh):
     """An entry whose config is no list of integer tile sizes (an int, a bool, floats that equal
@@ -165,6 +169,7 @@ def test_a_corrupt_entry_is_timed_again(config, fresh):
     assert choose(gpu) == (128, 128, 8, 3) and gpu.timed > 0
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 @pytest.mark.parametrize("make", ["deep", "not_utf8", "directory", "fifo", "dev_zero"])
 def test_a_tuning_file_that_is_not_one_is_set_aside(make, fresh):
     """JSON nested 100,000 deep, bytes that are not UTF-8, a directory, a FIFO (never waited on)
@@ -187,6 +192,7 @@ def test_a_tuning_file_that_is_not_one_is_set_aside(make, fresh):
     assert json.loads(path.read_text())["version"] == tuning.FORMAT_VERSION
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 def test_an_unwritable_cache_directory_keeps_choices_in_the_process(fresh):
     fresh.mkdir(mode=0o500)
     if os.access(fresh, os.W_OK):
@@ -202,6 +208,7 @@ def _store_many(directory, worker, count):
         tuning._store(f"key-{worker}-{i}", {"config": list(CANDIDATES[0])})
 
 
+@pytest.mark.fusion_independent  # the cache's own rules; no fused kernel is claimed
 def test_concurrent_stores_keep_every_entry(fresh):
     """Four processes storing 40 entries each at once: all 160 are in the file (a locked
     read-merge-write)."""
