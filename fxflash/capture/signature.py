@@ -28,6 +28,9 @@ def stride_class(t: torch.Tensor) -> tuple:
     return (order, zero, t.is_contiguous())
 
 
+PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)  # values keyed by value
+
+
 def _value(x: Any) -> Hashable:
     """A plain value as a key: floats by their bits (-0.0 is not 0.0; every NaN is one key)."""
     return x.hex() if isinstance(x, float) else x
@@ -82,7 +85,7 @@ def _leaf_key(x: Any, depth: int = 0) -> Hashable:
             stride_class(x),
             x.requires_grad,
         )
-    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+    if isinstance(x, PLAIN):
         return ("V", type(x).__name__, _value(x))
     if isinstance(x, (torch.nn.Module, types.ModuleType)) or callable(x):  # classes too
         return ("O", type(x).__qualname__, _Held(x))  # code, Python modules and nn.Modules: by identity
@@ -99,7 +102,6 @@ def signature_of(args: tuple, kwargs: dict, params: dict | None = None) -> Hasha
     return (str(spec), tuple(_leaf_key(x) for x in leaves), param_key, torch.is_grad_enabled())
 
 
-_FLAT_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
 def _exact_leaf(x: Any) -> Hashable:
@@ -122,7 +124,7 @@ def exact_key(args: tuple, kwargs: dict, params: dict | None = None) -> Hashable
 def is_flat_call(args: tuple, kwargs: dict) -> bool:
     """No kwargs and every argument a pytree leaf (a tensor or a plain value): the flat
     leaves are ``args`` themselves."""
-    return not kwargs and all(type(x) in _FLAT_LEAVES or isinstance(x, torch.Tensor) for x in args)
+    return not kwargs and all(type(x) in PLAIN or isinstance(x, torch.Tensor) for x in args)
 
 
 class SignatureCache:
@@ -193,9 +195,6 @@ class Ambient:
                 tuple(_plain_key(getattr(m, name, None)) for m, name in self.attributes),
                 tuple(_plain_key(_cell_value(c)) for c in self.cells),
                 tuple(_plain_key(self.globals.get(n)) for n in self.global_names))
-
-
-PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
 def _plain_key(x: Any) -> Hashable:
