@@ -55,19 +55,10 @@ KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being c
 FLT_MAX = torch.finfo(torch.float32).max
 OFFSET_GUARD = f"tl.maximum({{m}}, {-FLT_MAX!r}, propagate_nan=tl.PropagateNan.ALL)"
 # The multiply-add form ``2^(x·k − m₂)`` (rules.Homomorphism.apply_fma) rounds ``m₂ = k·max(x)`` on
-# its own, so the largest score's exponent is off by up to half an ulp of ``m₂`` instead of 0; and
-# ``x·k`` overflows where eager's ``x − m`` does not (a ``finfo.min`` mask). While every row's
-# ``|m₂| < 2²⁶`` the error is at most 4 in the exponent, common to the row and cancelled by its
-# sum (p ≤ 16, within fp16). A row beyond that (or at ±inf or NaN: an overflowed fold, a fully
-# masked row) is flagged, and the repair kernel computes it as eager does: two passes, each value
-# rounded to the dtype eager holds it in (_Printer.two_pass). fp16 rows are flagged from
-# ``|m₂| ≥ 2¹⁴`` (scores of ±11357), where eager's own rounding decides the answer: fp16 rounds
-# ``s − 65504`` (its ``finfo.min`` as a mask) to steps of 32, so a row masked entirely is eager's
-# few-valued row, not the softmax of the kernel's fp32 scores. bf16 and fp32 masks of their own
-# ``finfo.min`` are absorbed in fp32 as in eager. (2¹¹ for every dtype flagged ALiBi's rows of
-# +2000 at 4k tokens and cost 4.7×: benchmarks/NOTES.md, 2026-11-26.) Launched without fp
-# contraction: a multiply fused into the subtraction would round differently from the maximum
-# (_Printer.saturated_rows, emit_kernel, launch).
+# its own: while ``|m₂| < 2²⁶`` the exponent is off by at most 4, common to the row and cancelled by
+# its sum. A row beyond (or ±inf, NaN) is flagged for the repair kernel, which computes it as eager
+# does; fp16 rows from ``|m₂| ≥ 2¹⁴``, where eager's own rounding decides (its ``finfo.min`` mask
+# rounds ``s − 65504`` to steps of 32). docs/architecture.md, "Saturated rows and the repair kernel".
 SATURATION_LOG2 = {torch.float16: float(1 << 14), torch.bfloat16: float(1 << 26)}
 # The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
 EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)

@@ -339,7 +339,8 @@ class Launcher:
 
     def run_repair(self, inputs, frame, out, sides, flags, streams: int = 1) -> tuple:
         """Launch the repair kernel: programs whose rows are flagged recompute them in eager's own
-        form (the others return at once), without fp contraction (SATURATION_LOG2). Returns
+        form (the others return at once), without fp contraction (a multiply fused into a
+        subtraction would round differently from the maximum it is compared with). Returns
         (compiled kernel, grid, arguments)."""
         bm, _, warps, stages = REPAIR_TILE
         tiles = triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split
@@ -397,7 +398,7 @@ class Launcher:
                                                             tile_summaries(plan, inputs, bn)))
                 flags = [repair_flags(frame, out)] if plan.flags else []
                 with _launching():
-                    # a kernel in eager's own form runs without fp contraction (SATURATION_LOG2)
+                    # a kernel in eager's own form runs without fp contraction, as the repair kernel
                     compiled = kernel[grid](out, *flags, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                             num_stages=stages, enable_fp_fusion=plan.fp_fusion)
                     repair = self.run_repair(inputs, frame, out, sides, flags[0]) if flags else None
