@@ -14,19 +14,13 @@ PY=${PYTHON:-python}
 GPUS=${GPUS:-1}
 mkdir -p "$LOGDIR"
 export FXFLASH_AUTOTUNE=${FXFLASH_AUTOTUNE:-0}
+EXTRA=("$@")
+shard() {
+  timeout "$LIMIT" "$PY" -m pytest -m gpu tests/test_gpu.py --shard "$1/$N" -q -p no:cacheprovider -rfEs \
+    --durations=5 "${EXTRA[@]}"
+}
+source tests/shards.sh
 start=$(date +%s)
-pids=()
-for ((i = 0; i < N; i++)); do
-  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$LIMIT" "$PY" -m pytest -m gpu tests/test_gpu.py --shard "$i/$N" -q -p no:cacheprovider -rfEs \
-    --durations=5 "$@" > "$LOGDIR/shard_$i.log" 2>&1 &
-  pids+=($!)
-done
-status=0
-for ((i = 0; i < N; i++)); do
-  wait "${pids[$i]}"
-  rc=$?
-  [ $rc -eq 0 ] || { status=1; echo "shard $i/$N FAILED (exit $rc; $LOGDIR/shard_$i.log)"; }
-  echo "shard $i/$N: $(tail -n 1 "$LOGDIR/shard_$i.log")"
-done
+run_shards "$N"
 echo "$N shards in $(( $(date +%s) - start )) s, logs in $LOGDIR"
 exit $status

@@ -15,21 +15,13 @@ GPUS=${GPUS:-1}
 PY=${PYTHON:-python}
 mkdir -p "$LOGDIR"
 export FXFLASH_AUTOTUNE=${FXFLASH_AUTOTUNE:-0} FXFLASH_LONG=1 FXFLASH_EXAMPLES=$(( (PROGRAMS + N - 1) / N ))
+shard() {
+  timeout "$LIMIT" "$PY" -m pytest tests/test_random_programs.py -k "matches_eager or most_drawn" \
+    --hypothesis-seed="$1" -q -s -p no:cacheprovider -rfE
+}
+source tests/shards.sh
 start=$(date +%s)
-pids=()
-for ((i = 0; i < N; i++)); do
-  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "$LIMIT" "$PY" -m pytest tests/test_random_programs.py \
-    -k "matches_eager or most_drawn" --hypothesis-seed="$i" -q -s -p no:cacheprovider -rfE \
-    > "$LOGDIR/shard_$i.log" 2>&1 &
-  pids+=($!)
-done
-status=0
-for ((i = 0; i < N; i++)); do
-  wait "${pids[$i]}"
-  rc=$?
-  [ $rc -eq 0 ] || { status=1; echo "shard $i/$N FAILED (exit $rc; $LOGDIR/shard_$i.log)"; }
-  echo "shard $i/$N: $(tail -n 1 "$LOGDIR/shard_$i.log")"
-done
+run_shards "$N"
 fused=$(cat "$LOGDIR"/shard_*.log | grep -o "program fused right" | wc -l)
 eager=$(cat "$LOGDIR"/shard_*.log | grep -o "program eager right" | wc -l)
 echo "$((fused + eager)) programs right ($fused with a fused region, $eager without)"
