@@ -1,12 +1,15 @@
-"""``torch.compile(model, backend="fxflash")``.
+"""``torch.compile(model, backend="fxflash")``, and the capture path of ``fxflash.optimize``.
 
-Dynamo hands the backend a torch-level FX graph and example inputs. The backend traces it to
-the ATen graph the pipeline reads (the same capture as ``optimize``), rewrites the chains it
-can fuse, and hands the result to an inner compiler:
+Dynamo follows the user's Python (objects, caches, control flow; a graph break where it reads a
+tensor's value), guards what it read, and hands the backend each torch-level FX graph with
+example inputs. The backend traces it to the ATen graph the pipeline reads, rewrites the chains
+it can fuse, and hands the result to an inner compiler:
 
 * ``inner="inductor"`` (default): TorchInductor compiles the rest of the graph; fused regions
   are opaque custom ops to it.
-* ``inner="eager"``: the rewritten graph runs as it is.
+* ``inner="eager"``: the rewritten graph runs as it is (``fxflash.optimize``).
+
+A graph with nothing fused is compiled as Dynamo captured it, as if fxflash were not there.
 
 Choose with ``torch.compile(model, backend="fxflash", options={"inner": "eager"})`` or
 ``torch.compile(model, backend=fxflash.backend(inner="eager"))``. The backend is registered
@@ -15,19 +18,26 @@ through the ``torch_dynamo_backends`` entry point, so it works without ``import 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
+import warnings
 
 import torch
 
-from .capture import capture
+from . import internal
+from .capture import CaptureError, capture
 from .codegen.op import owned
+from .codegen.rewrite import with_direct_calls
 from .pipeline import optimize_graph, timed
+from .report import Report
 
 log = logging.getLogger("fxflash")
 
 INNER_COMPILERS = ("inductor", "eager")
 
-# The reports of the graphs this process compiled most recently (newest last), for inspection.
+# The reports of the graphs torch.compile(backend="fxflash") compiled most recently (newest last),
+# for inspection (optimize() and explain() record theirs themselves: ``recording()``).
 recent_reports: collections.deque = collections.deque(maxlen=32)
 
 
@@ -66,25 +76,77 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
         return capture(lambda *xs: gm(*xs), tuple(fakes), modes=("real",))
 
 
-def backend(inner: str = "inductor"):
-    """A Dynamo backend callable that rewrites with fxflash, then compiles with ``inner``."""
+class _Recorded:
+    """One compiled graph as Dynamo calls it: ``run`` on the call's inputs, and the graph's report
+    added to the reports being recorded (``recording()``), if any. ``regions``: the fused regions,
+    which live as long as Dynamo keeps this."""
+
+    def __init__(self, run, report: Report, regions: list):
+        self.run, self.report, self.regions = run, report, regions
+
+    def __call__(self, *args):
+        reports = _RECORDING.get()
+        if reports is not None:
+            reports.append(self.report)
+        return self.run(*args)
+
+
+_RECORDING: contextvars.ContextVar = contextvars.ContextVar("fxflash_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect, in a list, the report of every graph compiled by an fxflash backend that runs in
+    the block (in the order they run; a graph that runs twice is there twice)."""
+    reports: list = []
+    token = _RECORDING.set(reports)
+    try:
+        yield reports
+    finally:
+        _RECORDING.reset(token)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, keep: bool) -> _Recorded:
+    seconds: dict = {}
+    try:
+        with timed(seconds, "capture"):
+            captured = _retrace(gm, example_inputs)
+        rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
+        with internal.stage("rewrite"):
+            direct = with_direct_calls(rewritten) if inner == "eager" else None
+    except (CaptureError, internal.InternalError) as exc:
+        # Dynamo's graph holds only torch ops: tracing it to ATen should not fail; where it does,
+        # the graph runs as Dynamo captured it
+        if isinstance(exc, CaptureError):
+            warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=2)
+        else:
+            internal.warn(exc, "the graph runs as eager PyTorch", stacklevel=2)
+        report = Report(regions=[], graph=gm, analysis=None, seconds=seconds, capture_note=str(exc))
+        return _Recorded(_inner_compile(inner, gm, example_inputs), report, [])
+    if keep:
+        recent_reports.append(report)
+    log.debug("fxflash backend: %r", report)
+    regions = owned.get(rewritten, [])
+    if explaining or not regions:
+        # nothing fused (or explain(), which runs no kernel): Dynamo's own graph, as it would be
+        # compiled without fxflash; with inner="eager" that is the user's ops, bit for bit
+        return _Recorded(_inner_compile(inner, gm, example_inputs), report, [])
+    if direct is not None:
+        compiled = report.rewritten = direct  # the graph that runs, its regions called directly
+    else:
+        compiled = _inner_compile(inner, rewritten, example_inputs)
+    return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
+
+
+def backend(inner: str = "inductor", explaining: bool = False, keep_reports: bool = True):
+    """A Dynamo backend callable that rewrites with fxflash, then compiles with ``inner``.
+    ``explaining``: report only; each graph runs as Dynamo captured it (``fxflash.explain``).
+    ``keep_reports``: add each graph's report to ``recent_reports``."""
     if inner not in INNER_COMPILERS:
         raise ValueError(f"fxflash backend: inner must be one of {INNER_COMPILERS}, got {inner!r}")
 
     def fxflash_compile(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-        seconds: dict = {}
-        with timed(seconds, "capture"):
-            captured = _retrace(gm, example_inputs)
-        rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
-        recent_reports.append(report)
-        log.debug("fxflash backend: %r", report)
-        compiled = _inner_compile(inner, rewritten, example_inputs)
-
-        def run(*args):
-            return captured.run(compiled, {}, args, {})
-
-        run.regions = owned.get(rewritten, [])  # the fused regions live as long as Dynamo keeps run
-        return run
+        return _compile(gm, example_inputs, inner, explaining, keep_reports)
 
     return fxflash_compile
 

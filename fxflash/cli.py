@@ -13,14 +13,17 @@ Each is a tuple of positional arguments or a callable that returns one. The scri
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
-import runpy
 import sys
 
 import torch
 
 USAGE_INPUTS = ("define example inputs in the script: `example_inputs = {name: lambda: (q, k, v)}`, a function "
                 "`example_inputs()` returning the argument tuple, or `fn.example_inputs = …`")
+
+
+SCRIPT_MODULE = "__fxflash_script__"  # the name the script runs under
 
 
 class CLIError(Exception):
@@ -33,10 +36,15 @@ def _load(target: str):
         raise CLIError(f"expected path/to/script.py:function, got {target!r}")
     if not os.path.isfile(path):
         raise CLIError(f"no such script: {path}")
-    namespace = runpy.run_path(path, run_name="__fxflash_script__")
+    # a module in sys.modules, as TorchDynamo looks a function's module up by its name
+    spec = importlib.util.spec_from_file_location(SCRIPT_MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[SCRIPT_MODULE] = module
+    spec.loader.exec_module(module)
+    namespace = vars(module)
     if name not in namespace:
         found = sorted(k for k, v in namespace.items() if callable(v) and not k.startswith("_")
-                       and getattr(v, "__module__", None) == "__fxflash_script__")
+                       and getattr(v, "__module__", None) == SCRIPT_MODULE)
         raise CLIError(f"{path} defines no {name!r}; it defines: {', '.join(found) or 'nothing callable'}")
     return namespace, name, namespace[name]
 

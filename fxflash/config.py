@@ -1,7 +1,7 @@
 """Process-wide settings of fxflash.
 
-Every field can be changed at run time (``fxflash.config.cache_size = 16``) or set from the
-environment before import (``FXFLASH_CACHE_SIZE=16``).
+Every field can be changed at run time (``fxflash.config.autotune = False``) or set from the
+environment before import (``FXFLASH_AUTOTUNE=0``).
 """
 from __future__ import annotations
 
@@ -13,16 +13,10 @@ import os
 log = logging.getLogger("fxflash")
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value is None else int(value)
-
-
 @dataclasses.dataclass
 class Config:
     """Settings read by every stage.
 
-    cache_size:      input signatures kept per optimized callable (least recently used evicted).
     fuse:            False turns fusion off: graphs are captured and analysed but run as traced.
     kernel_cache_dir: where generated kernels and the tuning cache are stored (user-only
                      permissions).
@@ -109,7 +103,6 @@ class Config:
                      and Gluon's JIT.
     """
 
-    cache_size: int = _env_int("FXFLASH_CACHE_SIZE", 8)
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"

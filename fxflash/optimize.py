@@ -1,203 +1,200 @@
-"""``fxflash.optimize``: capture lazily per input signature, rewrite, run.
+"""``fxflash.optimize`` and ``fxflash.explain``: TorchDynamo captures, fxflash's backend rewrites.
 
-The returned callable keeps a bounded LRU cache of compiled graphs keyed by the input
-signature (shapes, dtypes, devices, stride class, ``requires_grad``, grad mode, non-tensor
-argument values). Code that cannot be traced runs eagerly, with one warning.
+Both go through the same capture path as ``torch.compile(backend="fxflash")``: Dynamo follows the
+user's Python (arguments and outputs of any type, caches updated in place, tied parameters,
+control flow that reads tensor values: a graph break, not a fallback of the whole call) and
+guards everything it read; each graph it captures is rewritten by :mod:`fxflash.backend`, and the
+rest of the graph runs as eager PyTorch (``inner="eager"``).
+
+Dynamo keeps its compiled graphs on the code object it starts from. Each optimized callable and
+each ``explain()`` starts from a code object of its own (``_entry``), so that none shares its
+cache, or its recompile limit, with another or with the user's own ``torch.compile``.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
+import itertools
 import logging
+import types
 import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
 
-from .capture import Ambient, CaptureError, SignatureCache, capture, exact_key, module_params, signature_of
-from . import internal
-from .config import config
-from .codegen.rewrite import with_direct_calls
-from .pipeline import optimize_graph, timed
-from .internal import InternalError
+from .backend import backend, recording
 from .report import Report
 
-log = logging.getLogger("fxflash")
+_OPTIMIZE = backend(inner="eager", keep_reports=False)
+_IN_CALL: contextvars.ContextVar = contextvars.ContextVar("fxflash_in_call", default=False)
 
 
-class _Compiled:
-    """One signature's compiled graph, or the eager fallback when capture failed."""
+class _FakeRunErrors(logging.Filter):
+    """Dynamo runs the user's code on fake tensors first. Where that code is wrong (a shape error),
+    PyTorch's fake-tensor logger reports it at ERROR, with a traceback, before eager raises the same
+    error: inside an optimized call the report is dropped, and the user sees eager's exception alone."""
 
-    def __init__(self, captured, runner, report: Report | None, error: str = ""):
-        self.captured = captured
-        self.runner = runner
-        self.report = report
-        self.error = error
-
-
-NO_RESULT = object()  # _capture ran no eager call
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not _IN_CALL.get()
 
 
-def _capture(fn, module, params, args, kwargs, run_eagerly: bool = True):
-    """(captured program, ``NO_RESULT`` or the call's eager result). Code that fake tracing cannot
-    follow runs eagerly once before it is traced with real tensors (``run_eagerly``; explain()
-    runs none): code that fails raises its own error there, once (it has run at most twice), and
-    code that works gives this call's result. Raises CaptureError (with ``.result``) when real
-    tracing fails too."""
-    if not run_eagerly:
-        return capture(fn, args, kwargs, module=module, params=params), NO_RESULT
-    try:
-        return capture(fn, args, kwargs, module=module, params=params, modes=("fake",)), NO_RESULT
-    except CaptureError as fake_error:
-        result = fn(*args, **kwargs)
-        if fake_error.data_dependent:
-            fake_error.result = result
-            raise
-        try:
-            return capture(fn, args, kwargs, module=module, params=params, modes=("real",)), result
-        except CaptureError as real_error:
-            error = CaptureError(f"{fake_error}\n  {str(real_error).split(chr(10), 1)[-1].strip()}")
-            error.result = result
-            raise error from None
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_FakeRunErrors())
+_EXPLAIN = backend(inner="eager", explaining=True, keep_reports=False)
 
 
-def _captured_and_optimized(fn, module, params, args, kwargs, run_eagerly: bool = True):
-    """(captured program, rewritten graph, report, eager result or NO_RESULT); the report's
-    ``seconds`` include capture."""
-    seconds: dict = {}
-    with timed(seconds, "capture"):
-        captured, result = _capture(fn, module, params, args, kwargs, run_eagerly)
-    runner, report = optimize_graph(captured.graph_module, seconds=seconds)
-    return captured, runner, report, result
+_entries = itertools.count()
 
 
-def _compile(fn, module, params, args, kwargs) -> tuple[_Compiled, Any]:
-    """(this signature's compiled entry, this call's eager result or NO_RESULT)."""
-    try:
-        captured, runner, report, result = _captured_and_optimized(fn, module, params, args, kwargs)
-    except CaptureError as exc:
-        warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=5)
-        return _Compiled(None, None, None, str(exc)), getattr(exc, "result", NO_RESULT)
-    except InternalError as exc:
-        internal.warn(exc, "the call runs as eager PyTorch", stacklevel=4)
-        return _Compiled(None, None, None, str(exc)), NO_RESULT
-    if not any(region.fused for region in report.regions):
-        runner = None  # nothing fused: the user's own code runs, bit for bit as eager
-    else:
-        runner = with_direct_calls(runner)
-    return _Compiled(captured, runner, report), result
+def _entry(target: Callable) -> Callable:
+    """``target(*args, **kwargs)`` as a function whose code object is new, with a name of its own:
+    its own Dynamo cache, and its own record of what changed between calls (Dynamo's automatic
+    dynamic shapes and floats, kept by the code's file, line and name)."""
+
+    def call(*args, **kwargs):
+        return target(*args, **kwargs)
+
+    name = f"fxflash_entry_{next(_entries)}"
+    names = {"co_name": name, **({"co_qualname": name} if hasattr(call.__code__, "co_qualname") else {})}
+    # globals of its own too: Dynamo keeps the compiled graphs of a frame in its function's globals
+    # (and its guards keep those globals while the objects they guard live): the owner of the entry
+    # clears them when it is freed, and the graphs' kernels go with them
+    scope = {"__name__": __name__, "__builtins__": __builtins__}
+    return types.FunctionType(call.__code__.replace(**names), scope, name, None, call.__closure__)
+
+
+def _release(scope: dict) -> None:
+    """Drop what Dynamo installed in an entry's globals (its compiled graphs); the names stay, for
+    Dynamo's own clean-up to delete."""
+    for name in scope:
+        if name not in ("__name__", "__builtins__"):
+            scope[name] = None
+
+
+def _dynamo_failed(exc: BaseException) -> bool:
+    """Did Dynamo itself fail (an error of its tracing or of a backend), rather than the user's code
+    at run time?"""
+    return isinstance(exc, torch._dynamo.exc.TorchDynamoException)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message``'s first line, of the exception a backend raised where Dynamo wraps one."""
+    exc = getattr(exc, "inner_exception", None) or exc
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 class _Optimizer:
     """The shared machinery of OptimizedFunction and OptimizedModule."""
 
-    def __init__(self, fn: Callable, module: torch.nn.Module | None, cache_size: int | None):
-        self._fn = fn
-        self._module = module
-        self._cache_size = cache_size
-        self.cache = SignatureCache(lambda: self._cache_size or config.cache_size)
-        self._signatures: dict = {}  # exact_key → signature_of, for flat calls (a memo)
-        self._ambient = Ambient(fn, module)
-
-    def signature(self, args: tuple, kwargs: dict, params: dict):
-        ambient = self._ambient.key()  # what the trace read besides the arguments
-        exact = exact_key(args, kwargs, params)
-        if exact is not None:
-            exact = (exact, ambient)
-        key = self._signatures.get(exact) if exact is not None else None
-        if key is None:
-            key = (signature_of(args, kwargs, params), ambient)
-            if exact is not None:
-                if len(self._signatures) >= 4 * max(1, len(self.cache)) + 16:
-                    self._signatures.clear()
-                self._signatures[exact] = key
-        return key
-
-    def compiled_for(self, args: tuple, kwargs: dict) -> tuple[_Compiled, dict, Any]:
-        """(the entry for this call's signature, the live parameters, the eager result of this call
-        if compiling it ran one, else NO_RESULT)."""
-        params = module_params(self._module)
-        key = self.signature(args, kwargs, params)
-        results = []
-
-        def build():
-            entry, result = _compile(self._fn, self._module, params, args, kwargs)
-            results.append(result)
-            return entry
-
-        entry = self.cache.get_or_build(key, build)
-        return entry, params, results[0] if results else NO_RESULT
+    def __init__(self, target: Callable):
+        self._target = target
+        entry = _entry(target)
+        self._compiled = torch.compile(entry, backend=_OPTIMIZE)
+        weakref.finalize(self, _release, entry.__globals__)
+        self.eager_because = ""  # set when Dynamo failed on code that eager runs: it runs eagerly since
 
     def __call__(self, *args, **kwargs) -> Any:
-        entry, params, result = self.compiled_for(args, kwargs)
-        if result is not NO_RESULT:
-            return result  # compiling ran this call eagerly already
-        if entry.runner is None:
-            return self._fn(*args, **kwargs)
-        # the graph's own code, without nn.Module's call machinery (no hooks on it): ~7 µs per call
-        return entry.captured.run(entry.runner.forward, params, args, kwargs)
+        if self.eager_because:
+            return self._target(*args, **kwargs)
+        token = _IN_CALL.set(True)
+        try:
+            return self._compiled(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - Dynamo's own failures are sorted out below
+            if not _dynamo_failed(exc):
+                raise
+            failure = exc
+        finally:
+            _IN_CALL.reset(token)
+        # Outside the except block: where the user's code itself fails, eager's exception is the one
+        # the user sees, alone; where eager runs it, the call (and every later one) runs eagerly.
+        result = self._target(*args, **kwargs)
+        self.eager_because = f"TorchDynamo could not capture the code ({_first_line(failure)})"
+        warnings.warn(f"fxflash: running eagerly, {self.eager_because}", RuntimeWarning, stacklevel=3)
+        return result
+
+    def report(self, args: tuple, kwargs: dict) -> Report:
+        """Run the call (compiling what it needs) and report the graphs it ran."""
+        with recording() as reports:
+            self(*args, **kwargs)
+        return Report.of_graphs(reports, self.eager_because)
 
 
 class OptimizedFunction:
     """What ``optimize(fn)`` returns for a plain function."""
 
-    def __init__(self, fn: Callable, cache_size: int | None = None):
+    def __init__(self, fn: Callable):
         functools.update_wrapper(self, fn)
-        self._optimizer = _Optimizer(fn, None, cache_size)
+        self._optimizer = _Optimizer(fn)
 
     def __call__(self, *args, **kwargs):
         return self._optimizer(*args, **kwargs)
 
-    def report(self, *args, **kwargs) -> Report | None:
-        """The report of the graph compiled for these inputs (compiling it if needed)."""
-        return self._optimizer.compiled_for(args, kwargs)[0].report
+    def report(self, *args, **kwargs) -> Report:
+        """Call ``fn(*args, **kwargs)`` and return the report of the graphs the call ran: the
+        regions found in each, fused or not."""
+        return self._optimizer.report(args, kwargs)
 
 
 class OptimizedModule(torch.nn.Module):
-    """What ``optimize(module)`` returns: an ``nn.Module`` whose forward is optimized.
+    """What ``optimize(module)`` returns: an ``nn.Module`` whose calls are optimized.
 
-    The original module is ``_orig_mod``; its parameters and buffers are read live at each call.
+    The original module is ``_orig_mod`` (the state dict's keys start with ``_orig_mod.``, as
+    ``torch.compile``'s do); its parameters and buffers are read live at each call, and its hooks
+    run as they would.
     """
 
-    def __init__(self, module: torch.nn.Module, cache_size: int | None = None):
+    def __init__(self, module: torch.nn.Module):
         super().__init__()
         self._orig_mod = module
-        self._optimizer = _Optimizer(module.forward, module, cache_size)
+        self._optimizer = _Optimizer(module)
 
     def forward(self, *args, **kwargs):
         return self._optimizer(*args, **kwargs)
 
-    def report(self, *args, **kwargs) -> Report | None:
-        return self._optimizer.compiled_for(args, kwargs)[0].report
+    def report(self, *args, **kwargs) -> Report:
+        """Call the module and return the report of the graphs the call ran."""
+        return self._optimizer.report(args, kwargs)
 
 
-def optimize(fn_or_module, *, cache_size: int | None = None):
+def optimize(fn_or_module):
     """Return a version of ``fn_or_module`` whose attention chains run as fused kernels.
 
-    ``fn_or_module``: an ``nn.Module`` (an ``nn.Module`` is returned) or a function of tensors.
-    ``cache_size``:   input signatures kept compiled (LRU); default ``fxflash.config.cache_size``.
+    ``fn_or_module``: an ``nn.Module`` (an ``nn.Module`` is returned) or a function.
 
-    The first call for each input signature captures and compiles; later calls with the same
-    signature reuse it. Outputs match eager PyTorch; regions the rules cannot prove equivalent
-    run unchanged (see ``fxflash.explain``).
+    The first call captures (through TorchDynamo) and compiles; later calls reuse what Dynamo's
+    guards accept, and a call they refuse (other shapes, dtypes, flags, attribute values) compiles
+    again, as ``torch.compile`` does. Outputs match eager PyTorch; regions the rules cannot prove
+    equivalent, and everything around them, run as eager PyTorch (see ``fxflash.explain``).
     """
     if isinstance(fn_or_module, torch.nn.Module):
-        return OptimizedModule(fn_or_module, cache_size)
+        return OptimizedModule(fn_or_module)
     if not callable(fn_or_module):
         raise TypeError(
             f"fxflash.optimize expects an nn.Module or a function, got {type(fn_or_module).__name__}"
         )
-    return OptimizedFunction(fn_or_module, cache_size)
+    return OptimizedFunction(fn_or_module)
 
 
 def explain(fn_or_module, *args, **kwargs) -> Report:
-    """Capture ``fn_or_module(*args, **kwargs)`` and report the candidate regions: their nodes
-    and sketches, whether each is fused, and the rule that refused it if not. Runs no kernel."""
-    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else None
+    """Call ``fn_or_module(*args, **kwargs)`` once, as eager PyTorch, and report what fxflash would
+    fuse in it: each captured graph's candidate regions, their nodes and sketches, whether each is
+    fused, and the rule that refused it if not. Runs no generated kernel."""
     if isinstance(fn_or_module, (OptimizedModule, OptimizedFunction)):
         raise TypeError("pass the original function or module to fxflash.explain, not the optimized one")
-    fn = module.forward if module is not None else fn_or_module
-    try:
-        return _captured_and_optimized(fn, module, module_params(module), args, kwargs, run_eagerly=False)[2]
-    except InternalError as exc:
-        internal.warn(exc, "explain() reports no region", stacklevel=2)
-        return Report(regions=[], graph=None, analysis=None, capture_note=str(exc))
+    entry = _entry(fn_or_module)
+    compiled = torch.compile(entry, backend=_EXPLAIN, dynamic=False)
+    token = _IN_CALL.set(True)
+    with recording() as reports:
+        try:
+            compiled(*args, **kwargs)
+            return Report.of_graphs(reports)
+        except Exception as exc:  # noqa: BLE001 - Dynamo's own failures are sorted out below
+            if not _dynamo_failed(exc):
+                raise
+            failure = exc
+        finally:
+            _IN_CALL.reset(token)
+            _release(entry.__globals__)
+    fn_or_module(*args, **kwargs)  # where the user's code itself fails, eager's exception, alone
+    return Report.of_graphs([], f"TorchDynamo could not capture the code ({_first_line(failure)})")

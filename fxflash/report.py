@@ -89,23 +89,46 @@ class Report:
     tuning of a GPU kernel happens at its first launch and is in ``codegen.tuning.history``)."""
 
     regions: list
-    graph: fx.GraphModule
+    graph: fx.GraphModule | None  # None for a call of several graphs (``parts``)
     analysis: GraphAnalysis | None  # None where the analysis itself failed (capture_note says why)
     rewritten: fx.GraphModule | None = None
     capture_note: str = ""
     seconds: dict = dataclasses.field(default_factory=dict)
     left_alone: list = dataclasses.field(default_factory=list)  # attention ops kept as they are, one line each
+    parts: list = dataclasses.field(default_factory=list)  # a call of several graphs: each one's report, as run
+
+    @classmethod
+    def of_graphs(cls, reports: list, note: str = "") -> "Report":
+        """The report of a call that ran ``reports``' graphs in this order (Dynamo captures a call as
+        several graphs where it breaks the graph; a graph run twice counts twice). One graph: its
+        own report. Several: ``regions`` of them all, each graph's report in ``parts``."""
+        if len(reports) == 1 and not note:
+            return reports[0]
+        seconds: dict = {}
+        for report in _distinct(reports):  # each graph compiled once, however often it ran
+            for stage, s in report.seconds.items():
+                seconds[stage] = seconds.get(stage, 0.0) + s
+        note = note or ("" if reports else "TorchDynamo captured no graph in this call: it ran as Python")
+        return cls(regions=[r for report in reports for r in report.regions], graph=None, analysis=None,
+                   capture_note=note, seconds=seconds,
+                   left_alone=[line for report in reports for line in report.left_alone], parts=list(reports))
 
     def __str__(self) -> str:
         head = f"fxflash: {len(self.regions)} candidate region(s), " + (
             f"{sum(r.fused for r in self.regions)} fused"
         )
+        if self.parts:
+            head += f", in {len(self.parts)} graph runs of {len(set(map(id, self.parts)))} graphs"
         parts = [head, *(f"  {i}. {r.verdict()}" for i, r in enumerate(self.regions, 1)),
                  *(f"  left alone: {line}" for line in self.left_alone)]
         if self.capture_note:
             parts.append(self.capture_note)
         if self.seconds:
             parts.append("compile time: " + ", ".join(f"{stage} {s * 1e3:.0f} ms" for stage, s in self.seconds.items()))
+        if self.parts:
+            for i, part in enumerate(_distinct(self.parts), 1):
+                parts.append(f"--- graph {i} ---\n{part}")
+            return "\n".join(parts)
         parts.extend(str(r) for r in self.regions)
         if self.analysis is None:
             return "\n".join(parts)
@@ -117,3 +140,8 @@ class Report:
 
     def __repr__(self) -> str:
         return f"<fxflash.Report: {len(self.regions)} region(s), {sum(r.fused for r in self.regions)} fused>"
+
+
+def _distinct(reports: list) -> list:
+    """``reports`` without repeats (by identity), in order."""
+    return list({id(r): r for r in reports}.values())

@@ -15,7 +15,6 @@ import torch
 
 import fxflash
 from fxflash import internal
-from fxflash.capture import CaptureError
 from helpers import assert_accurate, assert_fused
 
 SHAPE = (2, 2, 16, 32)
@@ -413,52 +412,26 @@ def _same(a, b) -> bool:
                                            (updates_cache, lambda: [Cache()]), (writes_input, list),
                                            (Mutating, list)],
                          ids=["list", "dict", "cache_object", "input_tensor", "module_buffer"])
-@pytest.mark.fusion_independent
-def test_capture_leaves_the_users_objects_as_it_found_them(program, extra):
-    fn = program() if isinstance(program, type) else program
-    q, k, v = _qkv(torch.float32)
-    args = (q, k, v, *extra())
-    before = [_state(args), _state(fn)]
-    with contextlib.suppress(CaptureError):  # code with Python side effects does not trace
-        fxflash.explain(fn, *args)
-    assert _same([_state(args), _state(fn)], before), "explain() changed the call's arguments or the module"
+def test_side_effects_happen_as_in_eager_once_per_call(program, extra, device):
+    """Lists, dicts, cache objects, input tensors and buffers changed by the code change as eager
+    changes them, once per call, through explain() (which runs the call once), optimize() and its
+    report() (which runs the call again); and the attention fuses."""
+    def fresh():
+        torch.manual_seed(0)
+        fn = program().to(device) if isinstance(program, type) else program
+        return fn, tuple(t.to(device) for t in _qkv(torch.float32)) + tuple(extra())
 
-
-@pytest.mark.parametrize("program,extra", [(appends_to_list, lambda: [[]]), (updates_dict, lambda: [{}]),
-                                           (updates_cache, lambda: [Cache()])],
-                         ids=["list", "dict", "cache_object"])
-@pytest.mark.fusion_independent
-def test_python_side_effects_run_as_written(program, extra):
-    """Code that changes the Python objects it is given runs eagerly (a graph cannot replay that),
-    with one warning, and each call's side effects happen once, as eager's."""
-    q, k, v = _qkv(torch.float32)
-    eager_args, args = (q, k, v, *extra()), (q, k, v, *extra())
-    optimized = fxflash.optimize(program)
-    for call in range(2):  # a list's or dict's new items are a new signature, captured (and warned about) again
-        expected = program(*eager_args)
-        again = call == 0 or not isinstance(args[3], Cache)
-        with pytest.warns(RuntimeWarning, match="changes a") if again else contextlib.nullcontext():
-            out = optimized(*args)
-        torch.testing.assert_close(out, expected)
-        assert _same(_state(args[3], ids=False), _state(eager_args[3], ids=False))
-
-
-def test_tensor_writes_are_replayed_by_the_fused_graph(device):
-    """In-place writes to inputs and buffers are part of the graph: fused, and applied once per call."""
-    module = Mutating().to(device)
-    q, k, v = (t.to(device) for t in _qkv(torch.float32))
-    optimized = fxflash.optimize(module)
-    optimized(q, k, v)
-    optimized(q, k, v)
-    assert_fused(optimized.report(q, k, v))
-    assert module.calls.item() == 2
-    k2 = k.clone()
-    fused = fxflash.optimize(writes_input)
-    out = fused(q, k2, v)
-    assert_fused(fused.report(q, k2.clone(), v))
-    k3 = k.clone()
-    torch.testing.assert_close(out, writes_input(q, k3, v))
-    assert torch.equal(k2, k3)
+    eager_fn, eager_args = fresh()
+    outs = [eager_fn(*eager_args) for _ in range(3)]
+    fn, args = fresh()
+    report = fxflash.explain(fn, *args)
+    optimized = fxflash.optimize(fn)
+    got = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_fused(report)
+    torch.testing.assert_close(got, outs[1])
+    assert _same(_state(args, ids=False), _state(eager_args, ids=False))
+    assert _same(_state(fn, ids=False), _state(eager_fn, ids=False))
 
 
 # -- the user's own errors ------------------------------------------------------------------------
@@ -483,11 +456,10 @@ def test_the_users_error_is_eagers_own_and_the_code_runs_at_most_twice(capfd, ca
     assert "fake_tensor" not in capfd.readouterr().err
 
 
-@pytest.mark.fusion_independent
+@pytest.mark.fusion_independent  # the graph break splits the chain: fused or not, the same
 def test_data_dependent_code_runs_as_written_once_per_call():
-    """Code whose Python control flow reads tensor values runs eagerly (a trace of one call's
-    branch would not hold for the next), with one warning; the first call's eager run, which
-    found that out, is its result: every call runs the code once after the fake trace."""
+    """Python control flow that reads tensor values is a graph break (Dynamo's): each call takes
+    its own branch, its Python runs once per call, and no warning is given."""
     runs = []
 
     def branchy(q, k, v):
@@ -499,14 +471,11 @@ def test_data_dependent_code_runs_as_written_once_per_call():
 
     q, k, v = _qkv(torch.float32)
     optimized = fxflash.optimize(branchy)
-    with pytest.warns(RuntimeWarning, match="control flow reads tensor values"):
-        out = optimized(q, k, v)
-    torch.testing.assert_close(out, branchy(q, k, v))
-    assert len(runs) == 3  # the fake trace, the call, the reference above
-    runs.clear()
-    small = q / 100  # the other branch
-    torch.testing.assert_close(optimized(small, k, v), branchy(small, k, v))
-    assert len(runs) == 2
+    for inputs in ((q, k, v), (q / 100, k, v)):  # each branch
+        expected = branchy(*inputs)
+        runs.clear()
+        torch.testing.assert_close(optimized(*inputs), expected)
+        assert len(runs) == 1
 
 
 class DropoutAttention(torch.nn.Module):
@@ -540,19 +509,22 @@ def test_train_and_eval_are_part_of_the_signature(first, device):
             assert 0.35 < zeros < 0.65, zeros
 
 
-@pytest.mark.fusion_independent  # the region is refused either way
-def test_a_float_argument_that_changes_between_calls_is_a_refusal_not_an_error(device):
-    """Dynamo makes a float argument that changes between calls symbolic: the region reading it
-    is refused (a fused kernel reads only scalars fixed when compiled) and runs as eager, with
-    no internal error (warnings are errors here) and eager's answers."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_float_argument_that_changes_between_calls_is_read_at_run_time(dtype, device):
+    """Dynamo passes a float argument that changes between calls as a 0-d tensor: the kernel reads
+    it at run time (Python arithmetic on it in fp64, as Python computes it) and stays fused, with
+    eager's answers, through torch.compile and optimize()."""
     def attention(q, k, v, scale):
-        return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+        return torch.softmax(q @ k.transpose(-1, -2) * (scale * 2.0), dim=-1) @ v
 
     torch._dynamo.reset()
-    q, k, v = (t.to(device) for t in _qkv(torch.float32))
+    q, k, v = (t.to(device, dtype) for t in _qkv(torch.float32))
     compiled = torch.compile(attention, backend="fxflash")
-    for scale in (0.25, 0.3, 0.5):
-        torch.testing.assert_close(compiled(q, k, v, scale), attention(q, k, v, scale))
+    optimized = fxflash.optimize(attention)
+    for scale in (0.125, 0.15, 0.35):
+        for fast in (compiled, optimized):
+            assert_accurate(lambda *a: attention(*a, scale), (q, k, v), fast(q, k, v, scale))
+        assert_fused(optimized.report(q, k, v, scale))
     torch._dynamo.reset()
 
 

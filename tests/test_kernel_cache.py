@@ -224,20 +224,20 @@ def test_concurrent_stores_keep_every_entry(fresh):
     assert len(entries) == 160
 
 
-def test_evicted_and_deleted_graphs_free_their_regions():
-    """The kernel registry follows the optimized callable's LRU: after 12 signatures with room for
-    4, at most 4 of its graphs' regions are registered; deleting the callable frees them all."""
+def test_deleted_callables_free_their_regions():
+    """Twelve sequence lengths compile two graphs (Dynamo makes the length dynamic at the second),
+    whose regions stay registered while the optimized callable lives; deleting it frees them."""
     import gc
 
     from fxflash.codegen import op
 
     variant = VARIANTS["vanilla"]
     before = set(op._REGISTRY)
-    optimized = fxflash.optimize(variant.fn, cache_size=4)
+    optimized = fxflash.optimize(variant.fn)
     for n in range(17, 29):
         optimized(*variant.inputs(Shape(B=1, H=2, Hkv=2, M=n, N=n, D=16, Dv=16)))
     gc.collect()
-    assert 1 <= len(set(op._REGISTRY) - before) <= 4
+    assert 1 <= len(set(op._REGISTRY) - before) <= 2
     del optimized
     gc.collect()
     assert not set(op._REGISTRY) - before

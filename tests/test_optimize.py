@@ -108,12 +108,12 @@ def test_explain_report():
 
 @pytest.mark.fusion_independent
 def test_config_overridden_restores_settings_and_names_unknown_ones():
-    before = (fxflash.config.gluon, fxflash.config.cache_size)
+    before = (fxflash.config.gluon, fxflash.config.autotune)
     with pytest.raises(RuntimeError, match="inside"):
-        with fxflash.config.overridden(gluon=not before[0], cache_size=3) as config:
-            assert (config.gluon, config.cache_size) == (not before[0], 3)
+        with fxflash.config.overridden(gluon=not before[0], autotune=not before[1]) as config:
+            assert (config.gluon, config.autotune) == (not before[0], not before[1])
             raise RuntimeError("inside")
-    assert (fxflash.config.gluon, fxflash.config.cache_size) == before
+    assert (fxflash.config.gluon, fxflash.config.autotune) == before
     with pytest.raises(AttributeError, match="no setting 'glun'.*block_sparsity"):
         with fxflash.config.overridden(glun=False):
             pass

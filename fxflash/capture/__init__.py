@@ -1,15 +1,4 @@
-"""Stage 1: tracing, decomposition, functionalization, the input-signature cache."""
-from .signature import Ambient, SignatureCache, exact_key, signature_of, stride_class
-from .trace import CaptureError, CapturedGraph, capture, module_params
+"""Stage 1: tracing a graph of torch calls to a decomposed, functional ATen graph."""
+from .trace import CaptureError, CapturedGraph, capture
 
-__all__ = [
-    "Ambient",
-    "CaptureError",
-    "CapturedGraph",
-    "SignatureCache",
-    "capture",
-    "exact_key",
-    "module_params",
-    "signature_of",
-    "stride_class",
-]
+__all__ = ["CaptureError", "CapturedGraph", "capture"]

@@ -31,6 +31,7 @@ DECOMPOSED_OPS = [
     aten.rsub,
     aten.clamp_min,
     aten.clamp_max,
+    aten.baddbmm,  # beta·input + alpha·(b1 @ b2): BLOOM's ALiBi scores
 ]
 
 

@@ -1,14 +1,14 @@
-"""Capture: user code → a functional, shape-annotated ATen FX graph.
+"""Capture: a graph of torch calls (Dynamo's, or a test's function) → a functional,
+shape-annotated ATen FX graph.
 
 ``capture`` traces one call with ``make_fx`` over ``torch.func.functionalize`` (in-place ops
 become out-of-place, views stay views) and the decomposition table of
 :mod:`fxflash.capture.decompositions`. Every node carries ``meta["val"]``, a fake (or real)
 tensor with the node's shape, dtype, device and strides.
 
-The graph's placeholders are the module's parameters and buffers first (so an optimizer step
-is seen by the next call; nothing is baked in as a constant), then every tensor leaf of
-``(args, kwargs)`` in pytree order. Non-tensor leaves are specialized into the graph; the
-input signature (:mod:`fxflash.capture.signature`) guards them.
+The graph's placeholders are the tensor (and SymInt) leaves of ``(args, kwargs)`` in pytree
+order; other leaves are specialized into the graph (Dynamo guards them, for the graphs it hands
+the backend).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..internal import stage
 from .decompositions import decomposition_table
 from .layout_chains import collapse_layout_chains
-from .signature import is_flat_call
 from .snapshot import Snapshot, real_copies
 
 log = logging.getLogger("fxflash")
@@ -64,35 +63,35 @@ class CapturedGraph:
     """
 
     graph_module: torch.fx.GraphModule
-    param_names: list
     in_spec: Any
     tensor_positions: list
     out_spec: Any
     tracing_mode: str
 
-    def flat_inputs(self, params: dict, args: tuple, kwargs: dict) -> list:
+    def flat_inputs(self, args: tuple, kwargs: dict) -> list:
         # (args, kwargs) flattens to args then kwargs' values: a flat call needs no pytree walk
-        leaves = args if is_flat_call(args, kwargs) else pytree.tree_flatten((args, kwargs))[0]
-        return [params[n] for n in self.param_names] + [leaves[i] for i in self.tensor_positions]
+        leaves = args if _is_flat_call(args, kwargs) else pytree.tree_flatten((args, kwargs))[0]
+        return [leaves[i] for i in self.tensor_positions]
 
-    def run(self, module: Callable, params: dict, args: tuple, kwargs: dict) -> Any:
+    def run(self, module: Callable, args: tuple, kwargs: dict) -> Any:
         """Run ``module`` (this graph, a rewrite of it or its compiled form: a function of the
         flat inputs) on a call's inputs; rebuild the output."""
-        flat_out = module(*self.flat_inputs(params, args, kwargs))
+        flat_out = module(*self.flat_inputs(args, kwargs))
         return pytree.tree_unflatten(list(flat_out), self.out_spec)
 
 
-def _flat_function(fn: Callable, module, param_names, leaves, in_spec, tensor_positions, out_box):
+def _is_flat_call(args: tuple, kwargs: dict) -> bool:
+    """No kwargs and every argument a tensor, a SymInt or a plain number: the leaves are ``args``."""
+    return not kwargs and all(isinstance(x, (torch.Tensor, torch.SymInt, int, float, bool, type(None))) for x in args)
+
+
+def _flat_function(fn: Callable, leaves, in_spec, tensor_positions, out_box):
     def flat_fn(*flat_tensors):
-        params = dict(zip(param_names, flat_tensors[: len(param_names)]))
         full = list(leaves)
-        for pos, t in zip(tensor_positions, flat_tensors[len(param_names):]):
+        for pos, t in zip(tensor_positions, flat_tensors):
             full[pos] = t
         args, kwargs = pytree.tree_unflatten(full, in_spec)
-        if module is not None:
-            out = torch.func.functional_call(module, params, args, kwargs, strict=False)
-        else:
-            out = fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
         after, spec = pytree.tree_flatten((args, kwargs))
         if spec != in_spec or any(a is not b for a, b in zip(after, full)):
             # the code put other items into the lists or dicts it was given (rebuilt here)
@@ -108,31 +107,27 @@ def capture(
     fn: Callable,
     args: tuple,
     kwargs: dict | None = None,
-    module: torch.nn.Module | None = None,
-    params: dict | None = None,
     modes: tuple = ("fake", "real"),
 ) -> CapturedGraph:
-    """Trace ``fn(*args, **kwargs)`` (or ``module`` with ``params``) to a functional ATen graph.
+    """Trace ``fn(*args, **kwargs)`` to a functional ATen graph.
 
     Tries fake tracing first (no computation), then real tracing (ops without a fake kernel) —
     except for code whose Python control flow reads tensor values, which no trace of one call
     holds for the next. Raises :class:`CaptureError` when no mode traces it. The call's arguments
-    and the module are left as they were found (snapshot.Snapshot); code that changes the Python
-    objects it is given does not trace (a graph cannot replay that).
+    are left as they were found (snapshot.Snapshot); code that changes the Python objects it is
+    given does not trace (a graph cannot replay that).
     Tensor and SymInt leaves become graph inputs; other leaves are specialized.
     """
     kwargs = kwargs or {}
-    params = params or {}
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_positions = [i for i, x in enumerate(leaves) if isinstance(x, (torch.Tensor, torch.SymInt))]
-    param_names = list(params)
-    inputs = [params[n] for n in param_names] + [leaves[i] for i in tensor_positions]
+    inputs = [leaves[i] for i in tensor_positions]
     errors = []
     with stage("capture"):
-        snapshot = Snapshot([args, kwargs, module])
+        snapshot = Snapshot([args, kwargs])
     for mode in modes:
         out_box: list = []
-        flat_fn = _flat_function(fn, module, param_names, leaves, in_spec, tensor_positions, out_box)
+        flat_fn = _flat_function(fn, leaves, in_spec, tensor_positions, out_box)
         traced_inputs = inputs
         if mode == "real":
             traced_inputs = real_copies(inputs)
@@ -167,7 +162,7 @@ def capture(
             gm.graph.eliminate_dead_code()
             collapse_layout_chains(gm)
             gm.recompile()
-        return CapturedGraph(gm, param_names, in_spec, tensor_positions, out_box[0], mode)
+        return CapturedGraph(gm, in_spec, tensor_positions, out_box[0], mode)
     raise CaptureError("could not trace the code to an FX graph:\n  " + "\n  ".join(errors))
 
 
@@ -182,12 +177,3 @@ def _quiet_fake_tensors():
         yield
     finally:
         logger.setLevel(level)
-
-
-def module_params(module: torch.nn.Module | None) -> dict:
-    """The live parameters and buffers of ``module``, by their qualified names."""
-    if module is None:
-        return {}
-    named = dict(module.named_parameters(remove_duplicate=False))
-    named.update(dict(module.named_buffers(remove_duplicate=False)))
-    return named

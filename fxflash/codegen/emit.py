@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 import sys
 
@@ -100,6 +101,20 @@ class KernelPlan:
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
         return a * max(frame) + b < INT32_LIMIT
+
+
+# Python arithmetic on floats known only at run time, printed in fp64 (Printer.run_time_scalar).
+SCALAR_OPS = {operator.add: "({} + {})", operator.sub: "({} - {})", operator.mul: "({} * {})",
+              operator.truediv: "({} / {})", operator.neg: "(-{})"}
+
+
+def _scalar_source(node: fx.Node) -> fx.Node | None:
+    """The 0-d float tensor whose ``.item()`` ``node`` is, or None."""
+    if node.op != "call_function" or node.target is not torch.ops.aten._local_scalar_dense.default:
+        return None
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, fx.Node) else None
+    return source if isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point() else None
 
 
 @dataclasses.dataclass
@@ -318,9 +333,8 @@ class _Printer:
             return self.vars[a]
         value = a.meta.get("val")
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            if not value.node.has_hint():  # known only at run time (``.item()``, a float Dynamo made dynamic)
-                raise Unprintable(f"{a.name} is a {type(value).__name__} known only at run time; a fused "
-                                  "kernel reads only scalars fixed when it is compiled")
+            if not value.node.has_hint():  # known only at run time
+                return self.place(f"({self.run_time_scalar(a)}).to(tl.float32)", False, "x")
             kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
             return Value(literal(kind(value)), is_literal=True)  # specializes (and guards) on it
         return self.outside(a, self.idx_of(a, idx))
@@ -421,6 +435,24 @@ class _Printer:
             self.pre.append(f"{early} = {code}")
             code = early
         return self.place(f"{code}.to({cd})", COL in used, "x")
+
+    def run_time_scalar(self, node) -> str:
+        """A float known only at run time, in fp64 as Python computes it: the ``.item()`` of a 0-d
+        float tensor (Dynamo passes a float that changes between calls so), a literal, or Python
+        arithmetic on them (SCALAR_OPS). Its user, a tensor op, reads it in fp32, its op math."""
+        if isinstance(node, (int, float)) and not isinstance(node, bool):
+            return f"tl.full((), {literal(float(node))}, tl.float64)"
+        if not isinstance(node, fx.Node):
+            raise Unprintable(f"scalar {node!r}")
+        source = _scalar_source(node)
+        if source is not None:
+            ptr, offset = self.input_address(source, ())
+            return self.place(f"tl.load({ptr} + {offset}).to(tl.float64)", False, "x").code
+        form = SCALAR_OPS.get(node.target) if node.op == "call_function" and not node.kwargs else None
+        if form is None:
+            raise Unprintable(f"{node.name} is a {type(node.meta.get('val')).__name__} known only at run time; "
+                              "a fused kernel reads such floats from 0-d tensors, and Python arithmetic on them")
+        return self.place(form.format(*(self.run_time_scalar(a) for a in node.args)), False, "x").code
 
     def input_address(self, node: fx.Node, idx: tuple) -> tuple[str, str]:
         """(pointer, offset) of a tensor input at index expressions ``idx`` (None: broadcast)."""

@@ -82,6 +82,10 @@ def _op_label(node) -> str:
 def build_scene(report: Report, highlight: bool = True, collapse: bool = True) -> Scene:
     """The scene of ``report.graph``: regions coloured when ``highlight``; with ``collapse``
     (and ``highlight``), each connected group of ops outside every region is one box."""
+    if report.graph is None:
+        raise ValueError(f"this call ran {len(report.parts)} graphs (TorchDynamo broke it where Python reads "
+                         "tensor values); draw each of report.parts" if report.parts else
+                         "the report has no graph to draw: " + report.capture_note)
     analysis = report.analysis
     owner, regions = {}, {}
     if highlight:
