@@ -1283,8 +1283,10 @@ def _folded_literal(node: fx.Node, args: list) -> Value | None:
     if not args or not all(a.is_literal for a in args) or not isinstance(node.meta.get("val"), torch.Tensor):
         return None
     try:
-        operands = [torch.tensor(_literal_value(v.code), dtype=a.meta["val"].dtype) if isinstance(a, fx.Node)
-                    else a for v, a in zip(args, node.args)]
+        # a tensor argument as a 0-d tensor of its dtype; a size (a SymInt node) as the Python int
+        operands = [(torch.tensor(_literal_value(v.code), dtype=a.meta["val"].dtype)
+                     if isinstance(a.meta.get("val"), torch.Tensor) else _literal_value(v.code))
+                    if isinstance(a, fx.Node) else a for v, a in zip(args, node.args)]
         value = node.target(*operands, **node.kwargs).item()
     except (TypeError, ValueError, RuntimeError):
         return None

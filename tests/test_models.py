@@ -1,0 +1,187 @@
+"""Hugging Face transformers models as they come, through optimize() and the backend.
+
+Tiny random-initialised configs (2 layers, hidden 64, fp32, eager attention) on CPU. For each
+architecture, through ``fxflash.optimize`` and ``torch.compile(backend="fxflash")``, with and
+without padding: every attention fuses (counted from fxflash's own reports), the logits match
+eager's, ``generate()`` gives eager's tokens with a DynamicCache and a StaticCache, and one
+training step's gradients match eager's.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import fxflash  # noqa: E402
+from fxflash.backend import recording  # noqa: E402
+
+LAYERS = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=128)
+AUTO = {"causal": "AutoModelForCausalLM", "encoder": "AutoModel", "seq2seq": "AutoModelForSeq2SeqLM",
+        "speech": "AutoModelForSpeechSeq2Seq"}
+# model type → (kind, config, attentions per forward call, as fxflash counts regions)
+MODELS = {
+    "gpt2": ("causal", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=128, bos_token_id=1, eos_token_id=2), 2),
+    "llama": ("causal", dict(LAYERS, num_key_value_heads=2), 2),
+    "mistral": ("causal", dict(LAYERS, num_key_value_heads=2, sliding_window=8), 2),
+    "gemma2": ("causal", dict(LAYERS, num_key_value_heads=2, head_dim=16, sliding_window=8), 2),
+    "qwen2": ("causal", dict(LAYERS, num_key_value_heads=2), 2),
+    "diffllama": ("causal", dict(LAYERS, num_key_value_heads=2), 4),  # two softmax streams per layer
+    "falcon": ("causal", dict(LAYERS, num_kv_heads=2, new_decoder_architecture=True), 2),
+    "gpt_neox": ("causal", dict(LAYERS), 2),
+    "bloom": ("causal", dict(n_layer=2, hidden_size=64, n_head=4, vocab_size=128), 2),
+    "bert": ("encoder", dict(LAYERS), 2),
+    "roberta": ("encoder", dict(LAYERS), 2),
+    "vit": ("encoder", dict(LAYERS, image_size=32, patch_size=8), 2),
+    "t5": ("seq2seq", dict(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16,
+                           vocab_size=128, decoder_start_token_id=0), 6),
+    "whisper": ("speech", dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+                               decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128,
+                               num_mel_bins=16, max_source_positions=16, max_target_positions=32,
+                               pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2), 6),
+}
+# Where fxflash refuses the attention today (the test then checks that it says so and stays right).
+NOT_FUSED = {
+    "bloom": "dimension demotion",  # scores in the [B·H, M, N] frame, ALiBi added there, then viewed [B, H, M, N]
+}
+# Where a graph cannot be traced to ATen (it then runs as Dynamo captured it, with a warning).
+NOT_TRACED_IN_TRAINING = {
+    "bloom": "custom_function_call",  # its GELU is an autograd.Function in training mode
+}
+# The attentions of one decoder call, for seq2seq generation: generate() runs the encoder once, apart.
+DECODER_ATTENTIONS = {"t5": 4}
+DROPOUTS = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout", "attention_dropout", "dropout",
+            "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate", "activation_dropout")
+AVAILABLE = [name for name in MODELS if name in transformers.models.auto.configuration_auto.CONFIG_MAPPING]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Dynamo keeps compiled frames on the model classes' code objects, eight each at most: each test
+    starts from none (as a process would), not from the earlier tests' models."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@functools.lru_cache(maxsize=None)
+def _config(name: str):
+    kind, settings, _ = MODELS[name]
+    config = transformers.AutoConfig.for_model(name, **settings)
+    for attr in DROPOUTS:  # a training step compares gradients: no randomness
+        if isinstance(getattr(config, attr, None), float):
+            setattr(config, attr, 0.0)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _model(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    auto = getattr(transformers, AUTO[MODELS[name][0]])
+    return auto.from_config(_config(name)).eval()
+
+
+def _inputs(name: str, padded: bool) -> dict:
+    g = torch.Generator().manual_seed(0)
+    kind = MODELS[name][0]
+    if name == "vit":
+        return dict(pixel_values=torch.randn(2, 3, 32, 32, generator=g))
+    ids = torch.randint(3, 128, (2, 12), generator=g)
+    if kind == "speech":
+        return dict(input_features=torch.randn(2, 16, 32, generator=g), decoder_input_ids=ids[:, :6])
+    mask = torch.ones(2, 12, dtype=torch.long)
+    if padded:
+        mask[1, :4] = 0  # left padding, as batched generation pads
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if kind == "seq2seq":
+        inputs["decoder_input_ids"] = ids[:, :6]
+    return inputs
+
+
+def _output(out) -> torch.Tensor:
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def _entry(model, entry: str):
+    if entry == "optimize":
+        return fxflash.optimize(model)
+    return torch.compile(model, backend="fxflash", options={"inner": "eager"})
+
+
+def _check_fused(name: str, reports: list, calls: int = 1, per_call: int | None = None) -> None:
+    regions = [r for report in reports for r in report.regions]
+    fused = sum(r.fused for r in regions)
+    if name in NOT_FUSED:
+        assert fused == 0 and any(r.rule == NOT_FUSED[name] for r in regions), [r.reason for r in regions]
+        return
+    expected = (per_call or MODELS[name][2]) * calls
+    assert fused == expected, [r.verdict() for r in regions if not r.fused]
+
+
+ENTRIES = ["optimize", "backend"]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_every_attention_fuses_and_the_outputs_match(name, entry, padded):
+    if name == "vit" and padded:
+        pytest.skip("images have no padding")
+    model, inputs = _model(name), _inputs(name, padded)
+    with torch.no_grad():
+        expected = _output(model(**inputs))
+        fast = _entry(model, entry)
+        with recording() as reports:
+            out = _output(fast(**inputs))
+    _check_fused(name, reports)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+
+
+GENERATIVE = [name for name in AVAILABLE if MODELS[name][0] in ("causal", "seq2seq")]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("name", GENERATIVE)
+def test_generate_gives_eagers_tokens(name, entry, cache):
+    """Batched greedy generation with left padding: the prefill and every decode step (q_len = 1)
+    fuse, and the tokens are eager's."""
+    if cache == "static" and name in ("bloom", "gpt_neox", "falcon"):
+        pytest.skip(f"{name} has no StaticCache support in transformers")
+    model, inputs = _model(name), _inputs(name, padded=True)
+    settings = dict(max_new_tokens=3, do_sample=False, cache_implementation=cache)
+    with torch.no_grad():
+        expected = model.generate(**inputs, **settings)
+        calls = []
+        compiled = fxflash.optimize(model.forward) if entry == "optimize" else torch.compile(
+            model.forward, backend="fxflash", options={"inner": "eager"})
+        model.forward = lambda *a, **k: calls.append(1) or compiled(*a, **k)
+        try:
+            with recording() as reports:
+                tokens = model.generate(**inputs, **settings)
+        finally:
+            del model.forward
+    assert torch.equal(tokens, expected)
+    _check_fused(name, reports, calls=len(calls), per_call=DECODER_ATTENTIONS.get(name))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_a_training_step_gives_eagers_gradients(name, entry):
+    model, inputs = _model(name).train(), _inputs(name, padded=True)
+    reference = _model(name).train()
+    _output(reference(**inputs)).square().mean().backward()
+    fast = _entry(model, entry)
+    why = NOT_TRACED_IN_TRAINING.get(name)
+    with recording() as reports, pytest.warns(RuntimeWarning, match=why) if why else contextlib.nullcontext():
+        _output(fast(**inputs)).square().mean().backward()
+    if not why:
+        _check_fused(name, reports)
+    for (key, p), r in zip(model.named_parameters(), reference.parameters()):
+        if r.grad is None:
+            assert p.grad is None, key
+        else:
+            torch.testing.assert_close(p.grad, r.grad, atol=1e-5, rtol=1e-4, msg=key)
