@@ -241,3 +241,17 @@ def test_deleted_callables_free_their_regions():
     del optimized
     gc.collect()
     assert not set(op._REGISTRY) - before
+
+
+def test_identical_regions_print_one_source():
+    """Two layers' identical attentions print the same kernel source, whatever the graph named
+    their nodes: one compilation and one tuning serve both."""
+    variant = VARIANTS["vanilla"]
+    shape = Shape(B=1, H=2, Hkv=2, M=16, N=16, D=16, Dv=16)
+
+    def two_layers(q, k, v, q2, k2, v2):
+        return variant.fn(q, k, v) + variant.fn(q2, k2, v2)
+
+    report = fxflash.explain(two_layers, *variant.inputs(shape), *variant.inputs(shape))
+    first, second = assert_fused(report, 2)
+    assert first.source == second.source

@@ -108,6 +108,17 @@ SCALAR_OPS = {operator.add: "({} + {})", operator.sub: "({} - {})", operator.mul
               operator.truediv: "({} / {})", operator.neg: "(-{})"}
 
 
+def _labels(nodes) -> dict:
+    """Node → ``op`` or ``op_k``: the k-th node (from 0, in the region's order) whose name has that op."""
+    seen: dict = {}
+    labels = {}
+    for node in nodes:
+        op = re.sub(r"_\d+$", "", node.name)
+        k = seen[op] = seen.get(op, -1) + 1
+        labels[node] = op if k == 0 else f"{op}_{k}"
+    return labels
+
+
 def _scalar_source(node: fx.Node) -> fx.Node | None:
     """The 0-d float tensor whose ``.item()`` ``node`` is, or None."""
     if node.op != "call_function" or node.target is not torch.ops.aten._local_scalar_dense.default:
@@ -185,6 +196,7 @@ def _frame_scores(frame) -> int:
 class _Printer:
     def __init__(self, region: Region, name: str, dv_split: int = 1):
         self.r = region
+        self.labels = _labels(region.nodes)
         self.name = name
         self.dv_split = dv_split
         self.pre: list[str] = []
@@ -235,6 +247,12 @@ class _Printer:
         self.second: list = []     # the second pass's loop body
         self.out_at = 0            # where the lines that combine and store the output begin in ``post``
         self.body: list = []       # the kernel's body (build)
+
+    def label(self, node: fx.Node) -> str:
+        """``node``'s name in the kernel's variables: its op and its rank among the region's nodes of
+        that op (``amax``, ``amax_1``), so that identical regions print one source (one compilation,
+        one tuning), whatever the graph named their nodes."""
+        return self.labels.get(node, node.name)
 
     def sfx(self, stream=None) -> str:
         """Suffix of the names of one stream's values (none without streams)."""
@@ -699,7 +717,7 @@ class _Printer:
             # accumulator state: one online value per reduction and stream
             for red in r.reductions:
                 combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
-                self.pre.append(f"acc_{red.node.name}{x} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
+                self.pre.append(f"acc_{self.label(red.node)}{x} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
             for node in r.dag:
                 if node not in r.combined:
                     self.dag_node(node, reductions)
@@ -723,7 +741,7 @@ class _Printer:
         for st in self.streams:
             for red in r.reductions:
                 if red.combine in ("max", "min"):
-                    name = f"{red.node.name}{self.sfx(st)}"
+                    name = f"{self.label(red.node)}{self.sfx(st)}"
                     self.updates.add(len(self.loop))
                     self.loop.append(f"acc_{name} = new_{name}")
         self.epilogue(terms, out_dtype)
@@ -771,7 +789,7 @@ class _Printer:
         for t, ((_, _, form), tile) in enumerate(zip(terms, tiles)):
             p_tile = f"tl.where(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
             if rescale and form.scale is not None:
-                lines.append(f"acc{t} = acc{t} * alpha_{form.scale.name}{self.sfx(form.stream)}")
+                lines.append(f"acc{t} = acc{t} * alpha_{self.label(form.scale)}{self.sfx(form.stream)}")
             lines.append(f"acc{t} = {_dot(p_tile, 'v', v_dtype, f'acc{t}')}")
         return lines
 
@@ -838,7 +856,7 @@ class _Printer:
             # E(x - r) printed as E(x - m) against the running maximum m (rules.HOMOMORPHISMS)
             x = self.vars[shift.args[0]]
             hom = HOMOMORPHISMS[p]
-            m = f"mu_{form.scale.name}{self.sfx()}"
+            m = f"mu_{self.label(form.scale)}{self.sfx()}"
             if self.prints_fma(hom):
                 base, c = x.scaled or (x.code, 1.0)
                 form_fma = hom.apply_log2 if self.max_in_log2(form.scale) else hom.apply_fma
@@ -875,7 +893,7 @@ class _Printer:
         self.updates.update(range(start, len(self.loop)))
 
     def reduce_lines(self, red) -> None:
-        name = f"{red.node.name}{self.sfx()}"
+        name = f"{self.label(red.node)}{self.sfx()}"
         x = self.vars[red.source]
         acc = f"acc_{name}"
         if red.combine in ("max", "min"):
@@ -905,7 +923,7 @@ class _Printer:
             return
         tile = f"tl.sum(tl.where(col_ok, {x.code}, 0.0), 1, keep_dims=True)"
         if red.scale is not None:
-            self.loop.append(f"{acc} = {acc} * alpha_{red.scale.name}{self.sfx()} + {tile}")
+            self.loop.append(f"{acc} = {acc} * alpha_{self.label(red.scale)}{self.sfx()} + {tile}")
         else:
             self.loop.append(f"{acc} = {acc} + {tile}")
         self.vars[red.node] = Value(acc, True)
@@ -926,7 +944,7 @@ class _Printer:
                         # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
                         # -inf; its sums are 0, so the shift factor E(m - r) may see m as 0 here
                         # (the loop subtracted -FLT_MAX, OFFSET_GUARD)
-                        m = f"{red.node.name}{x}"
+                        m = f"{self.label(red.node)}{x}"
                         if self.max_in_log2(red.node):
                             self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units
                         self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
@@ -937,7 +955,7 @@ class _Printer:
             for node in sorted(rows, key=self.order.__getitem__):
                 if node in reductions:
                     red = reductions[node]
-                    value = self.finish(f"acc_{node.name}{x}", red.scale, red.factors, st)
+                    value = self.finish(f"acc_{self.label(node)}{x}", red.scale, red.factors, st)
                     self.vars[node] = self.place(self.held(value, node), False, "row")
                     self.check_range(red)
                 elif packet(node.target) in ROW_LAYOUTS:
@@ -1028,11 +1046,11 @@ class _Printer:
         out = acc
         nan_from_factor = any(f.op == "shift" or (f.op == "div" and reciprocal.get(f.row) is scale) for f in factors)
         if scale is not None and not nan_from_factor:
-            out = f"tl.where(nanrow_{scale.name}{x}, float('nan'), {out})"
+            out = f"tl.where(nanrow_{self.label(scale)}{x}, float('nan'), {out})"
         for f in factors:
             row = vars_[f.row].code if f.row in vars_ else self.arg(f.row, self.node_idx(f.row)).code
             if f.op == "shift":
-                out = f"({out} * {f.hom.rescale.format(old=f'mu_{f.max.name}{x}', new=row)})"
+                out = f"({out} * {f.hom.rescale.format(old=f'mu_{self.label(f.max)}{x}', new=row)})"
             elif f.op == "div" and f.row in reciprocal:
                 out = f"({out} * (1.0 / {row}))"
             else:
@@ -1180,7 +1198,7 @@ class _Printer:
         body += self.key_loops(self.loop, full_loop)
         if self.two_pass:  # the row values finished, then P·V of the finished P
             body += self.post[:self.out_at]
-            body += [f"new_{red.node.name}{self.sfx(st)} = acc_{red.node.name}{self.sfx(st)}"
+            body += [f"new_{self.label(red.node)}{self.sfx(st)} = acc_{self.label(red.node)}{self.sfx(st)}"
                      for st in self.streams for red in self.r.reductions if red.combine in ("max", "min")]
             body += self.key_loops(self.second, None)
             body += self.post[self.out_at:]
