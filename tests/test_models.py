@@ -185,3 +185,16 @@ def test_a_training_step_gives_eagers_gradients(name, entry):
             assert p.grad is None, key
         else:
             torch.testing.assert_close(p.grad, r.grad, atol=1e-5, rtol=1e-4, msg=key)
+
+
+def test_the_generate_example_fuses_and_matches_eager():
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run([sys.executable, os.path.join(here, "..", "examples", "hf_generate.py"), "--tokens", "2",
+                             "--prompt", "8"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "tokens match eager's: True" in result.stdout
+    assert "2 fused>" in result.stdout, result.stdout
