@@ -1,6 +1,6 @@
 """A Llama-shaped transformers model, prefill through each path: time per call and first-call time.
 
-    PYTHONPATH=. python benchmarks/hf_llama.py [--paths sdpa,eager,inductor,backend,optimize]
+    PYTHONPATH=. python benchmarks/hf_llama.py [--paths sdpa,eager,inductor,backend,optimize,…]
                                                [--layers 16] [--batch 4] [--seq 4096] [--out CSV]
 
 Random weights, bf16, a 1B-class config (hidden 2048, 32 heads, 8 KV heads, head dim 64,
@@ -12,7 +12,8 @@ with a left-padded batch (row i loses i·seq/8 tokens):
 * ``eager``: transformers' eager attention, eager;
 * ``inductor``: ``torch.compile`` (Inductor) on the eager attention;
 * ``backend``: ``torch.compile(backend="fxflash")`` on the eager attention;
-* ``optimize``: ``fxflash.optimize`` on the eager attention.
+* ``optimize``: ``fxflash.optimize`` on the eager attention;
+* ``optimize_inductor``: ``fxflash.optimize(model, inner="inductor")`` on the eager attention.
 
 Each row: the first call's seconds (compilation included) and the median of 10 timed calls (ms),
 and for the fxflash paths the number of fused regions in the call.
@@ -27,7 +28,7 @@ import sys
 import tempfile
 import time
 
-PATHS = ["sdpa", "eager", "inductor", "backend", "optimize"]
+PATHS = ["sdpa", "eager", "inductor", "backend", "optimize", "optimize_inductor"]
 FIELDS = ["path", "padded", "first_call_s", "ms", "fused", "layers", "batch", "seq", "device", "torch", "triton"]
 
 
@@ -69,10 +70,10 @@ def _child(args) -> None:
         import fxflash  # noqa: F401 - registers the backend where fxflash is not installed
 
         run = torch.compile(model, backend="fxflash")
-    elif path == "optimize":
+    elif path.startswith("optimize"):
         import fxflash
 
-        run = fxflash.optimize(model)
+        run = fxflash.optimize(model, inner="inductor" if path == "optimize_inductor" else "eager")
     else:
         run = model
     rows = []
@@ -82,7 +83,7 @@ def _child(args) -> None:
         with torch.no_grad():
             torch.cuda.synchronize()
             start = time.perf_counter()
-            if path in ("backend", "optimize"):
+            if path in ("backend", "optimize", "optimize_inductor"):
                 from fxflash.backend import recording
 
                 with recording() as reports:

@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import torch
 
-from .backend import backend, recording
+from .backend import INNER_COMPILERS, backend, recording
 from .report import Report
 
-_OPTIMIZE = backend(inner="eager", keep_reports=False)
+_BACKENDS = {inner: backend(inner=inner, keep_reports=False) for inner in INNER_COMPILERS}
 _IN_CALL: contextvars.ContextVar = contextvars.ContextVar("fxflash_in_call", default=False)
 
 
@@ -87,10 +87,12 @@ def _first_line(exc: BaseException) -> str:
 class _Optimizer:
     """The shared machinery of OptimizedFunction and OptimizedModule."""
 
-    def __init__(self, target: Callable):
+    def __init__(self, target: Callable, inner: str):
+        if inner not in INNER_COMPILERS:
+            raise ValueError(f"fxflash.optimize: inner must be one of {INNER_COMPILERS}, got {inner!r}")
         self._target = target
         entry = _entry(target)
-        self._compiled = torch.compile(entry, backend=_OPTIMIZE)
+        self._compiled = torch.compile(entry, backend=_BACKENDS[inner])
         weakref.finalize(self, _release, entry.__globals__)
         self.eager_because = ""  # set when Dynamo failed on code that eager runs: it runs eagerly since
 
@@ -123,9 +125,9 @@ class _Optimizer:
 class OptimizedFunction:
     """What ``optimize(fn)`` returns for a plain function."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, inner: str = "eager"):
         functools.update_wrapper(self, fn)
-        self._optimizer = _Optimizer(fn)
+        self._optimizer = _Optimizer(fn, inner)
 
     def __call__(self, *args, **kwargs):
         return self._optimizer(*args, **kwargs)
@@ -144,10 +146,10 @@ class OptimizedModule(torch.nn.Module):
     run as they would.
     """
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, inner: str = "eager"):
         super().__init__()
         self._orig_mod = module
-        self._optimizer = _Optimizer(module)
+        self._optimizer = _Optimizer(module, inner)
 
     def forward(self, *args, **kwargs):
         return self._optimizer(*args, **kwargs)
@@ -157,23 +159,25 @@ class OptimizedModule(torch.nn.Module):
         return self._optimizer.report(args, kwargs)
 
 
-def optimize(fn_or_module):
+def optimize(fn_or_module, *, inner: str = "eager"):
     """Return a version of ``fn_or_module`` whose attention chains run as fused kernels.
 
     ``fn_or_module``: an ``nn.Module`` (an ``nn.Module`` is returned) or a function.
+    ``inner``: what runs the rest of each graph: ``"eager"`` (PyTorch's ops, as traced) or
+    ``"inductor"`` (TorchInductor compiles it, as ``torch.compile(backend="fxflash")`` does).
 
     The first call captures (through TorchDynamo) and compiles; later calls reuse what Dynamo's
     guards accept, and a call they refuse (other shapes, dtypes, flags, attribute values) compiles
     again, as ``torch.compile`` does. Outputs match eager PyTorch; regions the rules cannot prove
-    equivalent, and everything around them, run as eager PyTorch (see ``fxflash.explain``).
+    equivalent, and everything around them, run as PyTorch ops (see ``fxflash.explain``).
     """
     if isinstance(fn_or_module, torch.nn.Module):
-        return OptimizedModule(fn_or_module)
+        return OptimizedModule(fn_or_module, inner)
     if not callable(fn_or_module):
         raise TypeError(
             f"fxflash.optimize expects an nn.Module or a function, got {type(fn_or_module).__name__}"
         )
-    return OptimizedFunction(fn_or_module)
+    return OptimizedFunction(fn_or_module, inner)
 
 
 def explain(fn_or_module, *args, **kwargs) -> Report:

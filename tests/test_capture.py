@@ -153,3 +153,5 @@ def test_concurrent_first_calls():
 def test_bad_argument_to_optimize():
     with pytest.raises(TypeError, match="nn.Module or a function"):
         fxflash.optimize(42)
+    with pytest.raises(ValueError, match="inner must be one of"):
+        fxflash.optimize(torch.nn.Linear(2, 2), inner="tvm")
