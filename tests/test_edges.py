@@ -594,3 +594,27 @@ def test_attributes_globals_and_closures_read_by_the_trace_are_part_of_the_signa
     optimized = fxflash.optimize(program)
     for causal in (False, True, False):
         torch.testing.assert_close(optimized(q, k, v), program(q, k, v))
+
+
+class ItemScaled(torch.nn.Module):
+    """A temperature read with ``.item()``: Python control leaves the graph (a graph break), and the
+    attention after it reads the float."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("temperature", torch.tensor(2.0))
+
+    def forward(self, q, k, v):
+        scale = 1.0 / self.temperature.item()
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+
+def test_a_scale_read_with_item_follows_its_tensor(device):
+    model = ItemScaled().to(device)
+    q, k, v = (t.to(device) for t in _qkv(torch.float32))
+    optimized = fxflash.optimize(model)
+    for temperature in (2.0, 3.0, 0.5):
+        model.temperature.fill_(temperature)
+        out = optimized(q, k, v)
+        assert_fused(optimized.report(q, k, v))
+        torch.testing.assert_close(out, model(q, k, v))
