@@ -112,8 +112,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
         with timed(seconds, "capture"):
             captured = _retrace(gm, example_inputs)
         rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
+        regions = owned.get(rewritten, [])
         with internal.stage("rewrite"):
-            direct = with_direct_calls(rewritten) if inner == "eager" else None
+            direct = with_direct_calls(rewritten) if regions and inner == "eager" and not explaining else None
     except (CaptureError, internal.InternalError) as exc:
         # Dynamo's graph holds only torch ops: tracing it to ATen should not fail; where it does,
         # the graph runs as Dynamo captured it
@@ -126,7 +127,6 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     if keep:
         recent_reports.append(report)
     log.debug("fxflash backend: %r", report)
-    regions = owned.get(rewritten, [])
     if explaining or not regions:
         # nothing fused (or explain(), which runs no kernel): Dynamo's own graph, as it would be
         # compiled without fxflash; with inner="eager" that is the user's ops, bit for bit

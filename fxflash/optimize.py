@@ -71,10 +71,18 @@ def _release(scope: dict) -> None:
             scope[name] = None
 
 
-def _dynamo_failed(exc: BaseException) -> bool:
-    """Did Dynamo itself fail (an error of its tracing or of a backend), rather than the user's code
-    at run time?"""
-    return isinstance(exc, torch._dynamo.exc.TorchDynamoException)
+def _call(compiled: Callable, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
+    """(result, None), or (None, the exception) where Dynamo itself failed (an error of its tracing or
+    of a backend); the user's code's own run-time errors propagate. The caller runs the code eagerly
+    after a failure, outside this except block: where the user's code itself is wrong, eager's
+    exception is the one the user sees, alone."""
+    token = _IN_CALL.set(True)
+    try:
+        return compiled(*args, **kwargs), None
+    except torch._dynamo.exc.TorchDynamoException as exc:
+        return None, exc
+    finally:
+        _IN_CALL.reset(token)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -99,17 +107,10 @@ class _Optimizer:
     def __call__(self, *args, **kwargs) -> Any:
         if self.eager_because:
             return self._target(*args, **kwargs)
-        token = _IN_CALL.set(True)
-        try:
-            return self._compiled(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - Dynamo's own failures are sorted out below
-            if not _dynamo_failed(exc):
-                raise
-            failure = exc
-        finally:
-            _IN_CALL.reset(token)
-        # Outside the except block: where the user's code itself fails, eager's exception is the one
-        # the user sees, alone; where eager runs it, the call (and every later one) runs eagerly.
+        result, failure = _call(self._compiled, args, kwargs)
+        if failure is None:
+            return result
+        # where eager runs what Dynamo could not, the call (and every later one) runs eagerly
         result = self._target(*args, **kwargs)
         self.eager_because = f"TorchDynamo could not capture the code ({_first_line(failure)})"
         warnings.warn(f"fxflash: running eagerly, {self.eager_because}", RuntimeWarning, stacklevel=3)
@@ -188,17 +189,12 @@ def explain(fn_or_module, *args, **kwargs) -> Report:
         raise TypeError("pass the original function or module to fxflash.explain, not the optimized one")
     entry = _entry(fn_or_module)
     compiled = torch.compile(entry, backend=_EXPLAIN, dynamic=False)
-    token = _IN_CALL.set(True)
-    with recording() as reports:
-        try:
-            compiled(*args, **kwargs)
-            return Report.of_graphs(reports)
-        except Exception as exc:  # noqa: BLE001 - Dynamo's own failures are sorted out below
-            if not _dynamo_failed(exc):
-                raise
-            failure = exc
-        finally:
-            _IN_CALL.reset(token)
-            _release(entry.__globals__)
+    try:
+        with recording() as reports:
+            _, failure = _call(compiled, args, kwargs)
+    finally:
+        _release(entry.__globals__)
+    if failure is None:
+        return Report.of_graphs(reports)
     fn_or_module(*args, **kwargs)  # where the user's code itself fails, eager's exception, alone
     return Report.of_graphs([], f"TorchDynamo could not capture the code ({_first_line(failure)})")

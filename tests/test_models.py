@@ -105,10 +105,11 @@ def _output(out) -> torch.Tensor:
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
-def _entry(model, entry: str):
+def _entry(target, entry: str):
+    """``target`` (a model or its forward) through ``optimize()`` or the backend."""
     if entry == "optimize":
-        return fxflash.optimize(model)
-    return torch.compile(model, backend="fxflash", options={"inner": "eager"})
+        return fxflash.optimize(target)
+    return torch.compile(target, backend="fxflash", options={"inner": "eager"})
 
 
 def _check_fused(name: str, reports: list, calls: int = 1, per_call: int | None = None) -> None:
@@ -156,8 +157,7 @@ def test_generate_gives_eagers_tokens(name, entry, cache):
     with torch.no_grad():
         expected = model.generate(**inputs, **settings)
         calls = []
-        compiled = fxflash.optimize(model.forward) if entry == "optimize" else torch.compile(
-            model.forward, backend="fxflash", options={"inner": "eager"})
+        compiled = _entry(model.forward, entry)
         model.forward = lambda *a, **k: calls.append(1) or compiled(*a, **k)
         try:
             with recording() as reports:
