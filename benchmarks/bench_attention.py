@@ -9,7 +9,9 @@ masks, by ``--variants`` only (``EXTRA_MASKS``): block-causal blocks of 256, a d
 (512 keys each side, every 2nd), 2-D neighbourhoods of radius 8 on a √S × √S canvas, and key
 padding from per-batch lengths (``key_lengths``: lengths drawn uniformly from [S/4, S]). Times are medians
 of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built once, cached,
-as its users do) and its ``create_block_mask`` time are separate rows. Each system is timed
+as its users do) and its ``create_block_mask`` time are separate rows. ``fxflash_sdpa`` is
+``fxflash.optimize`` of the SDPA call itself (vanilla, causal, and ``key_lengths`` as a boolean
+mask built in the graph). Each system is timed
 from the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``).
 ``peak_mb`` is ``torch.cuda.max_memory_allocated`` during one call beyond the memory held
 before it (the inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
@@ -130,6 +132,11 @@ def case(name: str, B, H, Hkv, S, D, device, dtype):
 
         def mask_mod(b, h, qi, ki):
             return ki < lengths[b]
+
+        def sdpa(q, k, v):  # the boolean key mask built in the graph, as transformers builds its padding
+            keep = torch.arange(k.size(-2), device=k.device)[None, :] < lengths[:, None]
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :],
+                                                                    enable_gqa=gqa)
     elif name == "document_mask":
         ids = document_ids(S, DOCS, device)
         fn, args = V.document_mask, (q, k, v, ids)
@@ -263,7 +270,7 @@ def result_rows(out_path: str, resume: bool = False):
         yield record
 
 
-SOFTMAX_SYSTEMS = ("fxflash", "eager", "torch_compile", "flex_blockmask", "flex_kernel", "sdpa")
+SOFTMAX_SYSTEMS = ("fxflash", "eager", "torch_compile", "flex_blockmask", "flex_kernel", "sdpa", "fxflash_sdpa")
 BEYOND_SYSTEMS = ("fxflash", "eager", "torch_compile")
 
 
@@ -285,6 +292,9 @@ def softmax_calls(name, B, H, Hkv, S, D, device, dtype, flex, create_block_mask)
     calls["flex_kernel"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=Hkv != H)
     if sdpa is not None:
         calls["sdpa"] = lambda: sdpa(q, k, v)
+        fast_sdpa = fxflash.optimize(sdpa)  # the SDPA call itself, read as its math form
+        calls["fxflash_sdpa"] = lambda: fast_sdpa(q, k, v)
+        calls["fxflash_sdpa"].fused = lambda label: check_fused(fast_sdpa, (q, k, v), label)
     return calls
 
 
@@ -310,15 +320,16 @@ def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, system
                     reference = calls["flex_kernel"]()
                     label = f"{row['variant']:<22} S={S:<6} B={B:<3}"
 
-                    def check_fxflash():
-                        check(calls["fxflash"](), reference, f"{label} fxflash")
-                        calls["fxflash"].fused(label)
+                    def check_fxflash(system):
+                        check(calls[system](), reference, f"{label} {system}")
+                        calls[system].fused(label)
                         print("   tuned:", tuned_configs(), flush=True)
 
                     for system, call in calls.items():
                         if system in todo:
-                            record(row, system, label, check_fxflash if system == "fxflash" else (lambda: None),
-                                   call, 0 if system == "flex_blockmask" else flops)
+                            checked = hasattr(call, "fused")
+                            record(row, system, label, functools.partial(check_fxflash, system) if checked
+                                   else (lambda: None), call, 0 if system == "flex_blockmask" else flops)
                     calls.clear()
                     torch.cuda.empty_cache()
 

@@ -1,6 +1,6 @@
 """A Llama-shaped transformers model, prefill through each path: time per call and first-call time.
 
-    PYTHONPATH=. python benchmarks/hf_llama.py [--paths sdpa,eager,inductor,backend,optimize,…]
+    PYTHONPATH=. python benchmarks/hf_llama.py [--paths sdpa,eager,inductor,backend,optimize,backend_sdpa,…]
                                                [--layers 16] [--batch 4] [--seq 4096] [--out CSV]
 
 Random weights, bf16, a 1B-class config (hidden 2048, 32 heads, 8 KV heads, head dim 64,
@@ -13,7 +13,9 @@ with a left-padded batch (row i loses i·seq/8 tokens):
 * ``inductor``: ``torch.compile`` (Inductor) on the eager attention;
 * ``backend``: ``torch.compile(backend="fxflash")`` on the eager attention;
 * ``optimize``: ``fxflash.optimize`` on the eager attention;
-* ``optimize_inductor``: ``fxflash.optimize(model, inner="inductor")`` on the eager attention.
+* ``optimize_inductor``: ``fxflash.optimize(model, inner="inductor")`` on the eager attention;
+* the same compiled paths with a ``_sdpa`` suffix (``backend_sdpa``, …) on transformers' sdpa
+  attention, whose ``scaled_dot_product_attention`` calls fxflash reads as their math form.
 
 Each row: the first call's seconds (compilation included) and the median of 10 timed calls (ms),
 and for the fxflash paths the number of fused regions in the call.
@@ -29,6 +31,7 @@ import tempfile
 import time
 
 PATHS = ["sdpa", "eager", "inductor", "backend", "optimize", "optimize_inductor"]
+SDPA_PATHS = ["inductor_sdpa", "backend_sdpa", "optimize_sdpa", "optimize_inductor_sdpa"]
 FIELDS = ["path", "padded", "first_call_s", "ms", "fused", "layers", "batch", "seq", "device", "torch", "triton"]
 
 
@@ -62,8 +65,8 @@ def _child(args) -> None:
     import torch
     import triton
 
-    path = args.child
-    model = _model(args, "sdpa" if path == "sdpa" else "eager")
+    path = args.child.removesuffix("_sdpa")
+    model = _model(args, "sdpa" if args.child.endswith("sdpa") else "eager")
     if path == "inductor":
         run = torch.compile(model)
     elif path == "backend":
@@ -102,7 +105,7 @@ def _child(args) -> None:
                 torch.cuda.synchronize()
                 times.append(begin.elapsed_time(end))
         times = sorted(times[2:])
-        rows.append(dict(path=path, padded=padded, first_call_s=f"{first:.1f}", ms=f"{times[len(times) // 2]:.2f}",
+        rows.append(dict(path=args.child, padded=padded, first_call_s=f"{first:.1f}", ms=f"{times[len(times) // 2]:.2f}",
                          fused=fused, layers=args.layers, batch=args.batch, seq=args.seq,
                          device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__))
         print(rows[-1], flush=True)
@@ -113,7 +116,7 @@ def _child(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paths", default=",".join(PATHS + SDPA_PATHS))
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=4096)

@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from . import internal
-from .capture import CaptureError, capture
+from .capture import CaptureError, capture, sdpa
 from .codegen.op import owned
 from .codegen.rewrite import with_direct_calls
 from .pipeline import optimize_graph, timed
@@ -49,8 +49,10 @@ def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs):
     return compile_fx(gm, example_inputs)
 
 
-def _retrace(gm: torch.fx.GraphModule, example_inputs):
+def _retrace(gm: torch.fx.GraphModule, example_inputs, keep_origins: bool = False):
     """Trace Dynamo's graph to the decomposed, functional ATen graph (flat outputs).
+    ``keep_origins``: each ATen node keeps the source name of the torch call it came from
+    (``capture.sdpa.origin``).
 
     With ``dynamic=True`` the example inputs are fake tensors with symbolic sizes (and SymInt
     inputs): the graph is traced inside Dynamo's own fake mode, so the sizes stay symbolic, and
@@ -58,6 +60,12 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
     sizes symbolic (torch 2.11's C++ ``matmul`` reads every size of its operands as an integer, a
     guard on each, and each sequence length compiled anew)."""
     from torch._subclasses.fake_tensor import FakeTensor
+
+    run = gm
+    if keep_origins:
+        def run(*xs):
+            with torch.fx.traceback.preserve_node_meta():
+                return torch.fx.Interpreter(gm).run(*xs)
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
@@ -68,12 +76,12 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs):
         from torch._guards import tracing
 
         with tracing(None):
-            return capture(lambda *xs: gm(*xs), tuple(example_inputs))
+            return capture(run, tuple(example_inputs))
     from torch._dispatch.python import enable_python_dispatcher
 
     fake_mode = modes[0]
     with fake_mode, enable_python_dispatcher():
-        return capture(lambda *xs: gm(*xs), tuple(fakes), modes=("real",))
+        return capture(run, tuple(fakes), modes=("real",))
 
 
 class _Recorded:
@@ -106,15 +114,40 @@ def recording():
         _RECORDING.reset(token)
 
 
+def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, seconds: dict, kept: dict):
+    """Trace and rewrite Dynamo's graph, its SDPA calls not in ``kept`` read as their math form;
+    a call whose math form did not fuse is added to ``kept`` and the graph traced again, so that it
+    runs PyTorch's kernel. Returns (captured, rewritten, report, direct)."""
+    while True:
+        expanded_gm, expanded = sdpa.expand(gm, kept)
+        try:
+            with timed(seconds, "capture"):
+                captured = _retrace(expanded_gm, example_inputs, keep_origins=bool(expanded))
+            rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
+        except (CaptureError, internal.InternalError) as exc:
+            if not expanded:
+                raise
+            kept.update({name: f"its math form failed: {exc}" for name in expanded})
+            continue
+        missing = sdpa.unfused(captured.graph_module, report.regions, expanded)
+        if not missing:
+            break
+        kept.update(missing)
+    sdpa.mark_origins(captured.graph_module, report.regions, expanded)
+    report.left_alone = [f"{name}: PyTorch's kernel kept, {why}"
+                         for name, why in kept.items()] or report.left_alone
+    regions = owned.get(rewritten, [])
+    with internal.stage("rewrite"):
+        direct = with_direct_calls(rewritten) if regions and inner == "eager" and not explaining else None
+    return captured, rewritten, report, direct
+
+
 def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, keep: bool) -> _Recorded:
     seconds: dict = {}
+    kept: dict = {}
     try:
-        with timed(seconds, "capture"):
-            captured = _retrace(gm, example_inputs)
-        rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
+        captured, rewritten, report, direct = _rewrite(gm, example_inputs, inner, explaining, seconds, kept)
         regions = owned.get(rewritten, [])
-        with internal.stage("rewrite"):
-            direct = with_direct_calls(rewritten) if regions and inner == "eager" and not explaining else None
     except (CaptureError, internal.InternalError) as exc:
         # Dynamo's graph holds only torch ops: tracing it to ATen should not fail; where it does,
         # the graph runs as Dynamo captured it

@@ -34,6 +34,7 @@ class RegionReport:
                elimination, tile program), each with the sketches it changed.
     traffic:   when fused, the estimated bytes of GPU memory traffic, eager vs fused.
     dims:      when fused, the RegionDims: ids of the row, demoted and eliminated dimensions.
+    origin:    when fused from a call of ``scaled_dot_product_attention``, that call's name.
     """
 
     nodes: list
@@ -50,6 +51,7 @@ class RegionReport:
     transformations: list = dataclasses.field(default_factory=list)
     traffic: Traffic | None = None
     dims: RegionDims | None = None
+    origin: str = ""
 
     @property
     def demoted(self) -> str:
@@ -63,12 +65,15 @@ class RegionReport:
     def verdict(self) -> str:
         """One line: the region's ops, fused or not, and the rule that refused it."""
         if self.fused:
-            return f"{self.chain.describe()}: fused, one kernel"
+            source = f" (read from {self.origin})" if self.origin else ""
+            return f"{self.chain.describe()}{source}: fused, one kernel"
         why = self.reason.splitlines()[0] if self.reason else ""
         return f"{self.chain.describe()}: not fused ({why if why.startswith(self.rule) else f'{self.rule}: {why}'})"
 
     def __str__(self) -> str:
         lines = [f"region {self.chain.describe()}: {self.status}"]
+        if self.origin:
+            lines.append(f"  read from {self.origin}, a call of scaled_dot_product_attention, as its math form")
         if self.reason:
             lines.append(f"  refused: {self.reason}")
         if self.traffic is not None:

@@ -109,14 +109,3 @@ def test_the_report_opens_with_a_verdict_per_region():
     assert head[0].endswith("1 fused") and head[1].strip().startswith("1.") and head[1].endswith("fused, one kernel")
     line = str(fxflash.explain(over_queries, *args)).splitlines()[1]
     assert "not fused (chain discovery: amax reduces an axis" in line and "chain discovery: chain discovery" not in line
-
-
-@pytest.mark.fusion_independent
-def test_a_call_of_sdpa_is_reported_as_left_alone():
-    def sdpa(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
-    args = tuple(torch.randn(1, 2, 16, 8) for _ in range(3))
-    report = fxflash.explain(sdpa, *args)
-    assert not report.regions and len(report.left_alone) == 1
-    assert "left alone:" in str(report).splitlines()[1] and "scaled_dot_product_attention" in str(report)

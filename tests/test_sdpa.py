@@ -1,0 +1,107 @@
+"""Calls of ``scaled_dot_product_attention``: read as their math form and fused, or kept as PyTorch's
+kernel with the reason in the report; either way the answer is SDPA's."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxflash
+from helpers import assert_accurate
+
+sdpa = F.scaled_dot_product_attention
+
+
+def _rnd(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape).to(device=device, dtype=dtype)
+
+
+def _bool_mask(device):
+    """Random keep-mask over [B, 1, M, N] with row 3 of the first batch masked entirely (SDPA: zeros)."""
+    g = torch.Generator().manual_seed(3)
+    keep = torch.rand(2, 1, 19, 37, generator=g) > 0.4
+    keep[0, 0, 3] = False
+    return keep.to(device)
+
+
+def _float_mask(device):
+    """An additive mask with -inf entries, and one row -inf everywhere."""
+    g = torch.Generator().manual_seed(4)
+    bias = torch.randn(19, 37, generator=g)
+    bias[torch.rand(19, 37, generator=g) > 0.7] = float("-inf")
+    bias[5] = float("-inf")
+    return bias.to(device)
+
+
+CASES = {
+    "plain": lambda q, k, v, d: sdpa(q, k[:, :1].expand(-1, 4, -1, -1), v[:, :1].expand(-1, 4, -1, -1)),
+    "causal_gqa": lambda q, k, v, d: sdpa(q, k, v, is_causal=True, enable_gqa=True),
+    "bool_mask_scale": lambda q, k, v, d: sdpa(q, k, v, attn_mask=_bool_mask(d), scale=0.3, enable_gqa=True),
+    "float_mask": lambda q, k, v, d: sdpa(q, k, v, attn_mask=_float_mask(d), enable_gqa=True),
+    "mask_built_in_graph": lambda q, k, v, d: sdpa(
+        q, k, v, enable_gqa=True,
+        attn_mask=torch.arange(37, device=q.device)[None, None, None, :] < torch.tensor([30, 11], device=q.device)[:, None, None, None]),
+    "three_dims": lambda q, k, v, d: sdpa(q[0], k[0, :1].expand(4, -1, -1), v[0, :1].expand(4, -1, -1), is_causal=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES)
+def test_sdpa_calls_fuse_as_their_math_form(case, dtype, device):
+    """Causal (aligned top-left where M ≠ N), boolean and additive masks with fully masked rows
+    (SDPA gives 0 there), an explicit scale, GQA, 3-D operands: one fused region read from the call,
+    SDPA's answer within its own error against float64."""
+    q, k, v = _rnd(2, 4, 19, 16, dtype=dtype, device=device), _rnd(2, 2, 37, 16, dtype=dtype, device=device), \
+        _rnd(2, 2, 37, 24, dtype=dtype, device=device)
+
+    def fn(q, k, v):
+        return CASES[case](q, k, v, q.device)
+
+    fast = fxflash.optimize(fn)
+    out = fast(q, k, v)
+    report = fast.report(q, k, v)
+    assert [r.fused for r in report.regions] == [True] and report.regions[0].origin, str(report)
+    assert not report.left_alone
+    assert_accurate(fn, (q, k, v), out)
+
+
+def _kept(fn, *args):
+    """fn's SDPA call runs PyTorch's kernel: nothing fused, the reason reported, SDPA's exact values."""
+    report = fxflash.explain(fn, *args)
+    assert not any(r.fused for r in report.regions)
+    (line,) = report.left_alone
+    assert torch.equal(fxflash.optimize(fn)(*args), fn(*args))
+    return line
+
+
+@pytest.mark.fusion_independent
+def test_dropout_keeps_pytorchs_kernel():
+    torch.manual_seed(0)
+    q = _rnd(1, 2, 16, 8)
+    line = _kept(lambda q: sdpa(q, q, q, dropout_p=0.25) * 0 + q, q)  # random values, a fixed result
+    assert "dropout" in line and "left alone:" in str(fxflash.explain(lambda q: sdpa(q, q, q, dropout_p=0.25), q))
+
+
+@pytest.mark.fusion_independent
+def test_a_call_whose_operands_require_grad_keeps_pytorchs_kernel():
+    """Training: SDPA has a fused backward; a fused region's backward is recomputed eagerly."""
+    q = _rnd(1, 2, 16, 8).requires_grad_()
+    line = _kept(lambda q: sdpa(q, q, q, is_causal=True), q)
+    assert "require grad" in line
+    out = fxflash.optimize(lambda q: sdpa(q, q, q, is_causal=True))(q)
+    (grad,) = torch.autograd.grad(out.square().sum(), q)
+    (expected,) = torch.autograd.grad(sdpa(q, q, q, is_causal=True).square().sum(), q)
+    torch.testing.assert_close(grad, expected)
+
+
+def test_a_call_whose_math_form_is_refused_keeps_pytorchs_kernel():
+    """Head dim 320 exceeds one tile: the math form is refused, the graph traced again with the
+    call kept as PyTorch's kernel (never its slower math form), and the report says why."""
+    q = _rnd(1, 2, 16, 320)
+    line = _kept(lambda q, k: sdpa(q, k, k), q, q.flip(2))
+    assert "math form did not fuse" in line and "dimension elimination" in line
+
+
+def test_explain_names_the_call_a_region_was_read_from():
+    q = _rnd(1, 2, 16, 8)
+    text = str(fxflash.explain(lambda q, k, v: sdpa(q, k, v, is_causal=True), q, q, q))
+    assert "(read from scaled_dot_product_attention): fused, one kernel" in text
+    assert "a call of scaled_dot_product_attention, as its math form" in text
