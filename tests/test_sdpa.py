@@ -1,5 +1,6 @@
 """Calls of ``scaled_dot_product_attention``: read as their math form and fused, or kept as PyTorch's
-kernel with the reason in the report; either way the answer is SDPA's."""
+kernel with the reason in the report; either way the answer is SDPA's. Calls without a mask keep
+PyTorch's kernel by default (config.sdpa_without_mask); the fusing tests read them too."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -56,11 +57,22 @@ def test_sdpa_calls_fuse_as_their_math_form(case, dtype, device):
         return CASES[case](q, k, v, q.device)
 
     fast = fxflash.optimize(fn)
-    out = fast(q, k, v)
-    report = fast.report(q, k, v)
+    with fxflash.config.overridden(sdpa_without_mask=True):  # the calls without a mask too
+        out = fast(q, k, v)
+        report = fast.report(q, k, v)
     assert [r.fused for r in report.regions] == [True] and report.regions[0].origin, str(report)
     assert not report.left_alone
     assert_accurate(fn, (q, k, v), out)
+
+
+MASK = torch.ones(16, 16, dtype=torch.bool).tril()
+
+
+@pytest.mark.fusion_independent
+def test_calls_without_a_mask_keep_pytorchs_kernel_by_default():
+    """There PyTorch's own kernel (FlashAttention, cuDNN) is as fast or faster (config.sdpa_without_mask)."""
+    q = _rnd(1, 2, 16, 8)
+    assert "no attn_mask" in _kept(lambda q: sdpa(q, q, q, is_causal=True), q)
 
 
 def _kept(fn, *args):
@@ -76,7 +88,7 @@ def _kept(fn, *args):
 def test_dropout_keeps_pytorchs_kernel():
     torch.manual_seed(0)
     q = _rnd(1, 2, 16, 8)
-    line = _kept(lambda q: sdpa(q, q, q, dropout_p=0.25) * 0 + q, q)  # random values, a fixed result
+    line = _kept(lambda q: sdpa(q, q, q, attn_mask=MASK, dropout_p=0.25) * 0 + q, q)  # random values, a fixed result
     assert "dropout" in line and "left alone:" in str(fxflash.explain(lambda q: sdpa(q, q, q, dropout_p=0.25), q))
 
 
@@ -84,11 +96,11 @@ def test_dropout_keeps_pytorchs_kernel():
 def test_a_call_whose_operands_require_grad_keeps_pytorchs_kernel():
     """Training: SDPA has a fused backward; a fused region's backward is recomputed eagerly."""
     q = _rnd(1, 2, 16, 8).requires_grad_()
-    line = _kept(lambda q: sdpa(q, q, q, is_causal=True), q)
+    line = _kept(lambda q: sdpa(q, q, q, attn_mask=MASK), q)
     assert "require grad" in line
-    out = fxflash.optimize(lambda q: sdpa(q, q, q, is_causal=True))(q)
+    out = fxflash.optimize(lambda q: sdpa(q, q, q, attn_mask=MASK))(q)
     (grad,) = torch.autograd.grad(out.square().sum(), q)
-    (expected,) = torch.autograd.grad(sdpa(q, q, q, is_causal=True).square().sum(), q)
+    (expected,) = torch.autograd.grad(sdpa(q, q, q, attn_mask=MASK).square().sum(), q)
     torch.testing.assert_close(grad, expected)
 
 
@@ -96,12 +108,12 @@ def test_a_call_whose_math_form_is_refused_keeps_pytorchs_kernel():
     """Head dim 320 exceeds one tile: the math form is refused, the graph traced again with the
     call kept as PyTorch's kernel (never its slower math form), and the report says why."""
     q = _rnd(1, 2, 16, 320)
-    line = _kept(lambda q, k: sdpa(q, k, k), q, q.flip(2))
+    line = _kept(lambda q, k: sdpa(q, k, k, attn_mask=MASK), q, q.flip(2))
     assert "math form did not fuse" in line and "dimension elimination" in line
 
 
 def test_explain_names_the_call_a_region_was_read_from():
     q = _rnd(1, 2, 16, 8)
-    text = str(fxflash.explain(lambda q, k, v: sdpa(q, k, v, is_causal=True), q, q, q))
+    text = str(fxflash.explain(lambda q, k, v: sdpa(q, k, v, attn_mask=MASK), q, q, q))
     assert "(read from scaled_dot_product_attention): fused, one kernel" in text
     assert "a call of scaled_dot_product_attention, as its math form" in text
