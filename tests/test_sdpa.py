@@ -117,3 +117,22 @@ def test_explain_names_the_call_a_region_was_read_from():
     text = str(fxflash.explain(lambda q, k, v: sdpa(q, k, v, attn_mask=MASK), q, q, q))
     assert "(read from scaled_dot_product_attention): fused, one kernel" in text
     assert "a call of scaled_dot_product_attention, as its math form" in text
+
+
+def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired():
+    """A 16-bit kernel leaves rows whose running maximum is infinite to the repair kernel; the math
+    form's safe softmax replaces a -inf maximum by 0 before any use, so eager's row is exp(-inf) = 0
+    everywhere, as the kernel's: such rows (a left-padded batch's padding queries) are not flagged.
+    A softmax that reads the -inf maximum itself still flags them."""
+    q, k = _rnd(2, 4, 19, 16, dtype=torch.bfloat16), _rnd(2, 4, 37, 16, dtype=torch.bfloat16)
+    keep = _bool_mask("cpu")
+
+    def plain_softmax(q, k, v):
+        s = (q @ k.transpose(-2, -1)).float().masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, -1).to(v.dtype) @ v
+
+    (safe,) = fxflash.explain(lambda q, k, v: sdpa(q, k, v, attn_mask=keep), q, k, k).regions
+    (plain,) = fxflash.explain(plain_softmax, q, k, k).regions
+    flag = [line for line in safe.source.splitlines() if "saturated = saturated |" in line and "acc_amax" in line]
+    assert flag and all("!= float('-inf')" in line for line in flag)
+    assert "!= float('-inf')" not in plain.source

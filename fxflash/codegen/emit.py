@@ -235,7 +235,7 @@ class _Printer:
         self.vars = self.vars_of[None]
         self.stream = None
         self.sixteen_bit = region.q.node.meta["val"].element_size() == 2
-        self.saturable: list = []  # (running maximum, kept in exp2 units) whose rows are flagged
+        self.saturable: list = []  # (running maximum, kept in exp2 units, -inf guarded) whose rows are flagged
         self.checks: list = []     # (row value, bound): rows where it reaches ``bound`` are flagged too
         self.checks_output = False  # rows whose output is inf or NaN are flagged too
         self.flags_rows = True     # flag rows for the repair kernel (not in the repair kernel itself)
@@ -907,7 +907,7 @@ class _Printer:
             log2 = fma and self.max_in_log2(red.node)
             self.fma = self.fma or fma
             if red.combine == "max" and hom is not None and self.sixteen_bit and self.flags_rows:
-                self.saturable.append((acc, log2))
+                self.saturable.append((acc, log2, _neg_inf_guarded(red.node)))
             if log2:
                 c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
@@ -1175,12 +1175,14 @@ class _Printer:
 
     def saturated_rows(self) -> list[str]:
         """Lines that set ``saturated`` where a row of this program is left to the repair kernel:
-        its running maximum in exp2 units reaches SATURATION_LOG2 (or is infinite or NaN), a
+        its running maximum in exp2 units reaches SATURATION_LOG2 (or is infinite or NaN; not
+        -inf where the region guards it, ``_neg_inf_guarded``), a
         checked row value reaches its bound, or (``checks_output``) its output is inf or NaN,
         which an accumulation of unnormalized terms can reach where eager's normalized one does
         not. Rows past ``M`` are left out."""
         bound = SATURATION_LOG2.get(self.r.q.node.meta["val"].dtype)  # 16-bit inputs: their maxima flagged
-        bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})" for acc, log2 in self.saturable]
+        bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
+               + (f" & ({acc} != float('-inf'))" if guarded else "") for acc, log2, guarded in self.saturable]
         bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
         if self.checks_output:
             bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")
@@ -1432,6 +1434,27 @@ def _split_invariant(lines: list, loop_vars: tuple) -> tuple[list, list]:
         else:
             invariant.append(line)
     return invariant, variant
+
+
+def _neg_inf_guarded(row_max: fx.Node) -> bool:
+    """Does the region replace the row maximum's -inf by a finite constant before any other use
+    (``where(m == -inf, c, m)``: the safe softmax of SDPA's math form)? A row that saw only -inf
+    scores then gives eager ``exp(-inf − c) = 0`` for every score, the zeros the kernel's clamped
+    offset gives (OFFSET_GUARD): the row needs no repair."""
+    def is_test(node) -> bool:
+        return packet(node.target) is aten.eq and node.args[0] is row_max and node.args[1] == float("-inf")
+
+    def is_guard(node) -> bool:
+        if packet(node.target) is not aten.where or len(node.args) != 3:
+            return False
+        test, fill, value = node.args
+        c = constant_value(fill, None)
+        return (value is row_max and isinstance(test, fx.Node) and is_test(test) and c is not None
+                and math.isfinite(c))
+
+    users = list(row_max.users)
+    return (any(is_guard(u) for u in users)
+            and all(is_guard(u) or (is_test(u) and all(is_guard(w) for w in u.users)) for u in users))
 
 
 def _scaled(name: str, operand) -> list:
