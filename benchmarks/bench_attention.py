@@ -12,7 +12,7 @@ of ``triton.testing.do_bench``. FlexAttention's kernel time (block mask built on
 as its users do) and its ``create_block_mask`` time are separate rows. ``fxflash_sdpa`` is
 ``fxflash.optimize`` of the SDPA call itself (vanilla, causal, and ``key_lengths`` as a boolean
 mask built in the graph), calls without a mask read as their math form too
-(``config.sdpa_without_mask``). Each system is timed
+(``config.sdpa_calls``). Each system is timed
 from the same state: after a 0.2 s rest and 250 ms of back-to-back calls (``settled_ms``).
 ``peak_mb`` is ``torch.cuda.max_memory_allocated`` during one call beyond the memory held
 before it (the inputs). TFLOP/s use the dense count ``2·B·H·M·N·(D + Dv)`` for every variant.
@@ -296,12 +296,12 @@ def softmax_calls(name, B, H, Hkv, S, D, device, dtype, flex, create_block_mask)
         fast_sdpa = fxflash.optimize(sdpa)  # the SDPA call itself, read as its math form (with or without a mask)
 
         def fused_sdpa():
-            with fxflash.config.overridden(sdpa_without_mask=True):
+            with fxflash.config.overridden(sdpa_calls="all"):
                 return fast_sdpa(q, k, v)
         calls["fxflash_sdpa"] = fused_sdpa
 
         def check_fused_sdpa(label):
-            with fxflash.config.overridden(sdpa_without_mask=True):
+            with fxflash.config.overridden(sdpa_calls="all"):
                 check_fused(fast_sdpa, (q, k, v), label)
         calls["fxflash_sdpa"].fused = check_fused_sdpa
     return calls

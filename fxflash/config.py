@@ -90,12 +90,13 @@ class Config:
                      store them by TMA instead of per element from registers: the Evoformer at B=8
                      0.772 → 0.738 ms on an H100 (benchmarks/NOTES.md); ``FXFLASH_GLUON_TMA_STORE=0``
                      stores per element (for A/B measurements).
-    sdpa_without_mask: read calls of ``scaled_dot_product_attention`` without an ``attn_mask``
-                     (plain or ``is_causal``) as their math form too. Off by default: there PyTorch's
-                     own kernel was 3–20 % faster than the fused math form on an H100 (bf16, 1k–16k
-                     tokens, head dim 64; benchmarks/NOTES.md), and calls with a mask (which fxflash
-                     computes in the kernel, skipping tiles) 2× slower; ``FXFLASH_SDPA_WITHOUT_MASK=1``
-                     reads them (for A/B measurements).
+    sdpa_calls:      which calls of ``scaled_dot_product_attention`` the backend reads as their
+                     math form, to fuse (capture/sdpa.py): ``"masked"`` (default) those with an
+                     ``attn_mask``, whose mask the kernel computes from the graph's ops, skipping
+                     tiles; ``"all"`` those without a mask too; ``"none"`` keeps PyTorch's kernel
+                     for every call. On an H100 (bf16, head dim 64; benchmarks/NOTES.md) PyTorch's
+                     kernel was 3–20 % faster on calls without a mask, and with a mask 2× slower at
+                     4k–16k keys but 1.1–1.2× faster at 1k. ``FXFLASH_SDPA_CALLS``.
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
                      kernel directly, skipping the JIT entry point's per-call work
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through
@@ -128,7 +129,7 @@ class Config:
     gluon_tma_tiles: bool = os.environ.get("FXFLASH_GLUON_TMA_TILES", "1") != "0"
     gluon_tma_key_vectors: bool = os.environ.get("FXFLASH_GLUON_TMA_KEY_VECTORS", "1") != "0"
     gluon_tma_store: bool = os.environ.get("FXFLASH_GLUON_TMA_STORE", "1") != "0"
-    sdpa_without_mask: bool = os.environ.get("FXFLASH_SDPA_WITHOUT_MASK", "0") != "0"
+    sdpa_calls: str = os.environ.get("FXFLASH_SDPA_CALLS", "masked")
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     bind_gluon_launches: bool = os.environ.get("FXFLASH_BIND_GLUON_LAUNCHES", "1") != "0"
     kernel_cache_dir: str = os.environ.get(

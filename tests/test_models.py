@@ -125,7 +125,7 @@ def _one_entry_for_sdpa(entry: str, attention: str) -> None:
 def _every_sdpa_call(attention: str):
     """With the sdpa attention, the calls without a mask (ViT's, Whisper's) are read as their math
     form too, so that every attention is counted (by default they keep PyTorch's kernel: test_sdpa)."""
-    return fxflash.config.overridden(sdpa_without_mask=True) if attention == "sdpa" else contextlib.nullcontext()
+    return fxflash.config.overridden(sdpa_calls="all") if attention == "sdpa" else contextlib.nullcontext()
 
 
 def _check_fused(name: str, reports: list, calls: int = 1, per_call: int | None = None) -> None:

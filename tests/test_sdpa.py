@@ -1,6 +1,6 @@
 """Calls of ``scaled_dot_product_attention``: read as their math form and fused, or kept as PyTorch's
 kernel with the reason in the report; either way the answer is SDPA's. Calls without a mask keep
-PyTorch's kernel by default (config.sdpa_without_mask); the fusing tests read them too."""
+PyTorch's kernel by default (config.sdpa_calls); the fusing tests read them too."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,7 @@ def test_sdpa_calls_fuse_as_their_math_form(case, dtype, device):
         return CASES[case](q, k, v, q.device)
 
     fast = fxflash.optimize(fn)
-    with fxflash.config.overridden(sdpa_without_mask=True):  # the calls without a mask too
+    with fxflash.config.overridden(sdpa_calls="all"):  # the calls without a mask too
         out = fast(q, k, v)
         report = fast.report(q, k, v)
     assert [r.fused for r in report.regions] == [True] and report.regions[0].origin, str(report)
@@ -70,9 +70,11 @@ MASK = torch.ones(16, 16, dtype=torch.bool).tril()
 
 @pytest.mark.fusion_independent
 def test_calls_without_a_mask_keep_pytorchs_kernel_by_default():
-    """There PyTorch's own kernel (FlashAttention, cuDNN) is as fast or faster (config.sdpa_without_mask)."""
+    """There PyTorch's own kernel (FlashAttention, cuDNN) is as fast or faster (config.sdpa_calls)."""
     q = _rnd(1, 2, 16, 8)
     assert "no attn_mask" in _kept(lambda q: sdpa(q, q, q, is_causal=True), q)
+    with fxflash.config.overridden(sdpa_calls="none"):  # and every call, where the user asks
+        assert "'none'" in _kept(lambda q: sdpa(q, q, q, attn_mask=MASK), q)
 
 
 def _kept(fn, *args):
@@ -112,20 +114,20 @@ def test_a_call_whose_math_form_is_refused_keeps_pytorchs_kernel():
     assert "math form did not fuse" in line and "dimension elimination" in line
 
 
-def test_explain_names_the_call_a_region_was_read_from():
-    q = _rnd(1, 2, 16, 8)
-    text = str(fxflash.explain(lambda q, k, v: sdpa(q, k, v, attn_mask=MASK), q, q, q))
+def test_explain_names_the_call_a_region_was_read_from(device):
+    q = _rnd(1, 2, 16, 8, device=device)
+    text = str(fxflash.explain(lambda q, k, v: sdpa(q, k, v, attn_mask=MASK.to(q.device)), q, q, q))
     assert "(read from scaled_dot_product_attention): fused, one kernel" in text
     assert "a call of scaled_dot_product_attention, as its math form" in text
 
 
-def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired():
+def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired(device):
     """A 16-bit kernel leaves rows whose running maximum is infinite to the repair kernel; the math
     form's safe softmax replaces a -inf maximum by 0 before any use, so eager's row is exp(-inf) = 0
     everywhere, as the kernel's: such rows (a left-padded batch's padding queries) are not flagged.
     A softmax that reads the -inf maximum itself still flags them."""
-    q, k = _rnd(2, 4, 19, 16, dtype=torch.bfloat16), _rnd(2, 4, 37, 16, dtype=torch.bfloat16)
-    keep = _bool_mask("cpu")
+    q, k = (_rnd(2, 4, n, 16, dtype=torch.bfloat16, device=device) for n in (19, 37))
+    keep = _bool_mask(device)
 
     def plain_softmax(q, k, v):
         s = (q @ k.transpose(-2, -1)).float().masked_fill(~keep, float("-inf"))

@@ -1,8 +1,9 @@
 """Calls of ``scaled_dot_product_attention`` in Dynamo's graph, read as the chain they compute.
 
-PyTorch's fused attention is one opaque op to the ATen trace. Before that trace, each call
-with a mask whose arguments are plain (no dropout; literal ``is_causal``, ``scale`` and
-``enable_gqa``; no operand that requires grad) is replaced by :func:`math_form`, the attention it computes written in ops the chain rules read;
+PyTorch's fused attention is one opaque op to the ATen trace. Before that trace, each call that
+``config.sdpa_calls`` names (by default those with a mask) whose arguments are plain (no
+dropout; literal ``is_causal``, ``scale`` and ``enable_gqa``; no operand that requires grad) is
+replaced by :func:`math_form`, the attention it computes written in ops the chain rules read;
 the backend puts back the calls whose math form did not fuse (``expand(gm, kept)``), so that a
 refused call still runs PyTorch's kernel, never its math form.
 
@@ -22,6 +23,7 @@ SDPA = torch._C._nn.scaled_dot_product_attention
 PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
 CONTRACTIONS = (torch.ops.aten.bmm.default, torch.ops.aten.mm.default)
+SETTINGS = ("none", "masked", "all")  # config.sdpa_calls
 
 
 def math_form(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -81,8 +83,12 @@ def why_not(node: fx.Node) -> str:
             return f"{name} is not a constant"
     if arguments["scale"] is not None and not isinstance(arguments["scale"], (int, float)):
         return "scale is not a constant"
-    if arguments["attn_mask"] is None and not config.sdpa_without_mask:
-        return "no attn_mask: PyTorch's kernel is as fast or faster there (config.sdpa_without_mask)"
+    if config.sdpa_calls not in SETTINGS:
+        return f"config.sdpa_calls is {config.sdpa_calls!r}, not one of {SETTINGS}"
+    if config.sdpa_calls == "none":
+        return "config.sdpa_calls is 'none'"
+    if arguments["attn_mask"] is None and config.sdpa_calls != "all":
+        return "no attn_mask: PyTorch's kernel is as fast or faster there (config.sdpa_calls)"
     if arguments["is_causal"] and arguments["attn_mask"] is not None:
         return "attn_mask with is_causal (PyTorch's own error)"
     query, key, value = (_example(arguments[name]) for name in ("query", "key", "value"))
