@@ -190,6 +190,15 @@ def key_lengths(q, k, v, lengths):
     return torch.softmax(s, dim=-1) @ v
 
 
+def sdpa_key_lengths(q, k, v, lengths):
+    """``scaled_dot_product_attention`` with a boolean key mask from per-batch lengths, as fxflash
+    reads the call (capture/sdpa.py's math form: fp32 scores, a fully masked row gives 0)."""
+    from .capture.sdpa import math_form
+
+    keep = torch.arange(k.size(-2), device=k.device)[None, :] < lengths[:, None]
+    return math_form(q, k, v, attn_mask=keep[:, None, None, :])
+
+
 def additive_mask(q, k, v, bias):
     """A float mask ``[B, 1, M, N]`` added to the scores."""
     s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5 + bias
@@ -481,6 +490,7 @@ VARIANTS = {
         Variant("key_padding", key_padding, _with_key_mask),
         Variant("key_lengths", key_lengths, _with_lengths),
         Variant("additive_mask", additive_mask, _with_bias),
+        Variant("sdpa_key_lengths", sdpa_key_lengths, _with_lengths),
         Variant("diff_attention", diff_attention, _diff),
         Variant("diff_attention_causal", diff_attention_causal, _diff),
         Variant("diff_transformer", diff_transformer, _diff_transformer),

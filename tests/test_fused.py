@@ -19,7 +19,7 @@ from helpers import assert_accurate, assert_fused
 SOFTMAX_FAMILY = [
     "vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum_bshd", "gqa_repeat_interleave", "gqa_expand",
     "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal", "dilated_window",
-    "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
+    "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask", "sdpa_key_lengths",
 ]
 BEYOND_TEMPLATE = [
     "diff_attention", "diff_attention_causal", "diff_transformer", "evoformer_row", "evoformer_col", "sigmoid_attention", "relu_attention",

@@ -42,6 +42,7 @@ def region_of(name, dtype=torch.bfloat16, shape=SHAPE):
     ("scale_q_first", ["(s * 0.125)"]),              # q·2⁻³ folded into the scores: exact
     ("bshd", ["q_col", "k_col"]),                    # heads inside a row: read at a column of it
     ("evoformer_row", ["(s * 0.125)", "_fx_sigmoid(", "out_s4", "gate0 = q_bufs.index("]),  # the gate in the epilogue
+    ("sdpa_key_lengths", ["& (m != float('-inf'))", "gl.where(l_sum == 0, 0.0, 1.0 / l_sum)"]),  # safe softmax
 ])
 def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed):
     region = region_of(name)
@@ -51,7 +52,7 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
     assert "tl." not in source.replace("tl.PropagateNan", "").replace("import triton.language as tl", "")
     assert region.steps[-1].startswith("Gluon kernel (Hopper): printed")
     assert f"on rows of at least {GLUON_MIN_KEYS} keys" in region.steps[-1]
-    dense = name not in ("causal", "document_mask")  # no tile masks
+    dense = name not in ("causal", "document_mask", "sdpa_key_lengths")  # no tile masks
     assert region.steps[-1].endswith("on a persistent grid on shorter rows") == dense
 
 
@@ -252,6 +253,7 @@ def test_lines_with_a_triton_function_gluon_lacks_are_refused():
     ("diff_attention_causal", "bfloat16", 64, (2, 128, 2, 0, 1, 0, 2), "0"),  # streams, tiles skipped
     ("evoformer_row", "bfloat16", 64, (1, 64, 2, 0, 2, 1, 1, 128), "0"),  # 128 rows per consumer
     ("vanilla", "float16", 64, (1, 64, 2, 0, 2, 1, 1, 128), "0"),
+    ("sdpa_key_lengths", "bfloat16", 64, (3, 128, 3, 1, 1), "1"),  # the safe softmax's empty rows
 ])
 @pytest.mark.fusion_independent
 def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):

@@ -287,7 +287,7 @@ needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.ge
 GLUON_VARIANTS = ["vanilla", "manual_softmax", "gqa_expand", "gqa_repeat_interleave", "alibi", "softcap", "causal",
                   "sliding_window", "prefix_lm", "block_causal", "dilated_window", "neighbourhood_2d",
                   "document_mask", "key_padding", "key_lengths", "additive_mask", "bshd", "einsum", "einsum_bshd",
-                  "scale_q_first",
+                  "scale_q_first", "sdpa_key_lengths",
                   "evoformer_row", "diff_attention_chunked"]
 GLUON_SHAPES = {64: Shape(B=2, H=4, Hkv=2, M=200, N=384, D=64, Dv=64),
                 128: Shape(B=1, H=4, Hkv=2, M=130, N=256, D=128, Dv=128)}
@@ -306,6 +306,27 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
     for region in fxflash.explain(variant.fn, *args).regions:  # diff_attention_chunked: two
         assert region.fused and "warp_specialize" in region.gluon_source, region.steps
     assert_accurate(variant.fn, args, _pinned_call(fxflash.optimize(variant.fn), args, tile))
+
+
+@needs_hopper
+@pytest.mark.parametrize("tile", GLUON_CONFIGS[64], ids=lambda x: "x".join(map(str, x[1:])))
+def test_gluon_kernel_of_an_sdpa_call_gives_zero_for_rows_every_key_masks(tile):
+    """The safe softmax of an SDPA call's math form in the Gluon kernel: rows whose every key is
+    masked are 0 (SDPA's answer), not flagged for repair, and the other rows keep SDPA's accuracy."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 4, n, 64, generator=g).to("cuda", torch.bfloat16) for n in (200, 384, 384))
+    keep = torch.rand(2, 1, 200, 384, generator=g) > 0.5
+    keep[0, :, :7] = False
+    keep = keep.cuda()
+
+    def call(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    (region,) = fxflash.explain(call, q, k, v).regions
+    assert region.fused and "warp_specialize" in region.gluon_source, region.steps
+    out = _pinned_call(fxflash.optimize(call), (q, k, v), tile)
+    assert out[0, :, :7].eq(0).all()
+    assert_accurate(call, (q, k, v), out)
 
 
 # V's head dim other than Q's and K's: one-CTA-per-item configurations on every variant here,

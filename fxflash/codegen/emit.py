@@ -1436,25 +1436,33 @@ def _split_invariant(lines: list, loop_vars: tuple) -> tuple[list, list]:
     return invariant, variant
 
 
-def _neg_inf_guarded(row_max: fx.Node) -> bool:
-    """Does the region replace the row maximum's -inf by a finite constant before any other use
-    (``where(m == -inf, c, m)``: the safe softmax of SDPA's math form)? A row that saw only -inf
-    scores then gives eager ``exp(-inf − c) = 0`` for every score, the zeros the kernel's clamped
-    offset gives (OFFSET_GUARD): the row needs no repair."""
+def row_guard(value: fx.Node, empty: float) -> fx.Node | None:
+    """The node ``where(value == empty, c, value)`` (``c`` a finite constant, not 0 where ``empty``
+    is 0) where that guard is ``value``'s only use besides its test: the safe softmax of SDPA's math
+    form, which replaces a fully masked row's maximum -inf by 0 and its sum 0 by 1. None otherwise."""
     def is_test(node) -> bool:
-        return packet(node.target) is aten.eq and node.args[0] is row_max and node.args[1] == float("-inf")
+        return (isinstance(node, fx.Node) and packet(node.target) is aten.eq and node.args[0] is value
+                and node.args[1] == empty)
 
     def is_guard(node) -> bool:
         if packet(node.target) is not aten.where or len(node.args) != 3:
             return False
-        test, fill, value = node.args
+        test, fill, kept = node.args
         c = constant_value(fill, None)
-        return (value is row_max and isinstance(test, fx.Node) and is_test(test) and c is not None
-                and math.isfinite(c))
+        return kept is value and is_test(test) and c is not None and math.isfinite(c) and (c != 0 or empty != 0)
 
-    users = list(row_max.users)
-    return (any(is_guard(u) for u in users)
-            and all(is_guard(u) or (is_test(u) and all(is_guard(w) for w in u.users)) for u in users))
+    users = list(value.users)
+    guards = [u for u in users if is_guard(u)]
+    if len(guards) != 1 or not all(u in guards or (is_test(u) and set(u.users) <= set(guards)) for u in users):
+        return None
+    return guards[0]
+
+
+def _neg_inf_guarded(row_max: fx.Node) -> bool:
+    """Does the region replace the row maximum's -inf by a finite constant before any other use
+    (``row_guard``)? A row that saw only -inf scores then gives eager ``exp(-inf − c) = 0`` for every
+    score, the zeros the kernel's clamped offset gives (OFFSET_GUARD): the row needs no repair."""
+    return row_guard(row_max, float("-inf")) is not None
 
 
 def _scaled(name: str, operand) -> list:

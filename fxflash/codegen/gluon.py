@@ -89,7 +89,7 @@ from ..config import config
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
 from .emit import FLT_MAX as FLT_MAX_F32
-from .emit import COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype
+from .emit import COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype, row_guard
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -246,10 +246,29 @@ class Softmax:
     exp: fx.Node
     p: fx.Node
     weights: tuple = (1.0,)
+    zero_empty_rows: bool = False  # the safe softmax (_safe_guards): a fully masked row gives 0, not NaN
 
 
 NOT_EXP_OF_SHIFT = "its sum is not over exp/exp2 of the scores minus their maximum"
 NOT_SOFTMAX_TIMES_V = "the value multiplied into V is not exp(scores − max) / sum"
+
+
+def _safe_guards(r: Region) -> tuple:
+    """``(guard of the maximum, guard of the sum)`` where the region is the safe softmax of SDPA's
+    math form (emit.row_guard: ``m' = where(m = -inf, 0, m)``, ``l' = where(l = 0, 1, l)``), else
+    ``()``. Every row with a finite maximum has ``l ≥ 1``, so both guards change only a row whose
+    every score is -inf: the kernel's clamped offset gives it ``acc = 0, l = 0``, and its output is
+    0 (``zero_empty_rows``) instead of the plain softmax's 0/0."""
+    reds = {red.combine: red.node for red in r.reductions}
+    if len(r.reductions) != 2 or set(reds) != {"max", "sum"} or r.split is not None:
+        return ()
+    guards = row_guard(reds["max"], float("-inf")), row_guard(reds["sum"], 0.0)
+    return guards if None not in guards else ()
+
+
+def _guard_nodes(guards: tuple) -> set:
+    """The guards and their tests (the row ops after the loop that the Gluon kernel prints itself)."""
+    return {node for guard in guards for node in (guard, guard.args[0])}
 
 
 def softmax_of(r: Region) -> Softmax | str:
@@ -258,14 +277,19 @@ def softmax_of(r: Region) -> Softmax | str:
     if len(r.reductions) != 2 or set(reds) != {"max", "sum"}:
         return "its reductions are not one maximum and one sum (a softmax)"
     mx, sm = reds["max"], reds["sum"]
+    guards = _safe_guards(r)
+    offset = guards[0] if guards else mx.node  # what the shift subtracts, and the sum's rescale reads
     e = sm.source
     hom = HOMOMORPHISMS.get(packet(e.target)) if _is_call(e) else None
     if hom is None or r.rescales.get(mx.node) is not hom:
         return NOT_EXP_OF_SHIFT
     shift = e.args[0]
-    if (mx.factors or sm.factors or sm.scale is not mx.node or not _is_call(shift) or packet(shift.target) is not aten.sub
-            or shift.args[0] is not mx.source or shift.args[1] is not mx.node):
+    sum_factors = [(f.op, f.row) for f in sm.factors]
+    if (mx.factors or sum_factors != ([("shift", offset)] if guards else []) or sm.scale is not mx.node
+            or not _is_call(shift) or packet(shift.target) is not aten.sub
+            or shift.args[0] is not mx.source or shift.args[1] is not offset):
         return NOT_EXP_OF_SHIFT
+    normalized = [("shift", offset), ("div", guards[1])] if guards else [("div", sm.node)]
     streams = r.split.count if r.split is not None else 1
     terms = sorted(r.terms, key=lambda term: term[2].stream or 0)
     if [term[2].stream for term in terms] != ([None] if r.split is None else list(range(streams))):
@@ -274,7 +298,7 @@ def softmax_of(r: Region) -> Softmax | str:
     for sign, p, form in terms:
         weight, p, through = _stream_weight(r, p)
         factors = [(f.op, f.row) for f in form.factors]
-        if (weight is None or form.scale is not mx.node or factors != [("div", sm.node)]
+        if (weight is None or form.scale is not mx.node or factors != normalized
                 or r.passthrough.get(p) is not e or (streams == 1 and sign * weight != 1)):
             return NOT_SOFTMAX_TIMES_V + (" times a number" if streams > 1 else "")
         weights.append(sign * weight)
@@ -283,7 +307,7 @@ def softmax_of(r: Region) -> Softmax | str:
     combined = set(r.combined) | ({r.split.view} if r.split is not None else set())
     if len(ps) != 1 or set(r.dag[r.dag.index(mx.node):]) != {mx.node, shift, e, sm.node, *ps, *walked, *combined}:
         return "the scores are used again after their maximum"
-    return Softmax(mx.node, sm.node, shift, e, ps.pop(), tuple(weights))
+    return Softmax(mx.node, sm.node, shift, e, ps.pop(), tuple(weights), zero_empty_rows=bool(guards))
 
 
 def _stream_weight(r: Region, node: fx.Node) -> tuple:
@@ -340,7 +364,7 @@ REGION_RULES = (
     (lambda r: r.split is not None and r.split.count != 2, "more than two softmax streams"),
     (lambda r: bool(r.partners), "more than one score contraction"),
     (lambda r: bool(r.side_outputs), "row values returned beside the output"),
-    (lambda r: bool(r.epilogue), "row ops after the loop"),
+    (lambda r: bool(set(r.epilogue) - _guard_nodes(_safe_guards(r))), "row ops after the loop"),
     (lambda r: r.D not in HEAD_DIMS or r.Dv not in (HEAD_DIMS if r.split is None else STREAM_DV_DIMS),
      f"head dims D or Dv outside {HEAD_DIMS} (Dv {STREAM_DV_DIMS} with two streams)"),
     (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
@@ -613,7 +637,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
                      [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights,
                      out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16,
-                     saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype])
+                     saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype], zero_empty_rows=sm.zero_empty_rows)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
@@ -746,7 +770,8 @@ class _StreamLines:
 
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
-            q_scale=(), weights=(1.0,), out_tma=None, check_acc=True, saturation=SATURATION_LOG2[torch.bfloat16]) -> str:
+            q_scale=(), weights=(1.0,), out_tma=None, check_acc=True, saturation=SATURATION_LOG2[torch.bfloat16],
+            zero_empty_rows=False) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
     ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
@@ -754,7 +779,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     ``q_in`` (q_tile_scale); ``weights``: each softmax stream's weight (Softmax.weights);
     ``out_tma``: the output stored by TMA (_GluonPrinter.tma_store); ``check_acc``: rows whose
     accumulator overflowed are flagged too (emit._Printer.bounded_accumulation); ``saturation``:
-    the bound on a row's maximum in exp2 units beyond which it is flagged (emit.SATURATION_LOG2)."""
+    the bound on a row's maximum in exp2 units beyond which it is flagged (emit.SATURATION_LOG2);
+    ``zero_empty_rows``: a row whose every score is -inf is 0 and not flagged (Softmax.zero_empty_rows)."""
     api = gluon_api()
     streams = _StreamLines.of(len(weights), api["tma_load"])
     fbs = "".join(f"fb{i}, " for i in range(fb))
@@ -826,8 +852,17 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
             "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),
         store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
-        normalize=("* gl.expand_dims(gl.convert_layout(1.0 / l_sum, o_rows), 1)" if config.row_reciprocal
-                   else "/ gl.expand_dims(gl.convert_layout(l_sum, o_rows), 1)"))
+        empty_rows_kept=" & (m != float('-inf'))" if zero_empty_rows else "", normalize=_normalize(zero_empty_rows))
+
+
+def _normalize(zero_empty_rows: bool) -> str:
+    """``out = acc {normalize}``: by ``1/l`` (config.row_reciprocal) or ``l``; with
+    ``zero_empty_rows`` a row with ``l = 0`` (every score -inf, ``acc = 0``) gives 0, not 0/0."""
+    if config.row_reciprocal:
+        inverse = "gl.where(l_sum == 0, 0.0, 1.0 / l_sum)" if zero_empty_rows else "1.0 / l_sum"
+        return f"* gl.expand_dims(gl.convert_layout({inverse}, o_rows), 1)"
+    total = "gl.where(l_sum == 0, 1.0, l_sum)" if zero_empty_rows else "l_sum"
+    return f"/ gl.expand_dims(gl.convert_layout({total}, o_rows), 1)"
 
 
 def _tma_store_lines(store: list, value: str, tma_store: str) -> list:
@@ -1172,7 +1207,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     # and over bf16 V rows whose unnormalized accumulator overflowed (emit's bounded_accumulation):
     # flagged for the launch's repair kernel, which computes them again in eager's own form
     sat_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    saturated = ~(gl.abs(m) < {saturation})
+    saturated = ~(gl.abs(m) < {saturation}){empty_rows_kept}
     if CHECK_ACC:
         overflowed = gl.max((~(gl.abs(acc) < float('inf'))).to(gl.int32), axis=1) > 0
         saturated = saturated | gl.convert_layout(overflowed, gl.SliceLayout(1, s_layout))
