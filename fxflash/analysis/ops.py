@@ -74,6 +74,10 @@ INDEX_SOURCES = {
     aten.empty,
 }
 
+# Factories that read only the dtype and device of their tensor argument (``x.new_ones(())``, as
+# transformers' mask functions start from): index expressions whatever that tensor holds.
+LIKE_FILLS = {aten.new_ones, aten.new_zeros, aten.new_full}
+
 # Non-elementwise ops whose output is an index expression when their input is one.
 INDEX_PRESERVING = {aten.tril, aten.triu}
 
@@ -94,6 +98,9 @@ CONSTANT_FILLS = {
     aten.full: lambda args: args[1],
     aten.ones: lambda args: 1,
     aten.zeros: lambda args: 0,
+    aten.new_ones: lambda args: 1,
+    aten.new_zeros: lambda args: 0,
+    aten.new_full: lambda args: args[2],
 }
 _NO_CONSTANT = object()
 

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from .dims import DimensionTable
-from .ops import INDEX_PRESERVING, INDEX_SOURCES, OpKind, packet, static_kind
+from .ops import INDEX_PRESERVING, INDEX_SOURCES, LIKE_FILLS, OpKind, packet, static_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,7 @@ def op_kinds(gm: fx.GraphModule) -> dict[fx.Node, OpKind]:
         kind = static_kind(node.target)
         inputs = [i for i in node.all_input_nodes if isinstance(i.meta.get("val"), torch.Tensor)]
         p = packet(node.target)
-        if p in INDEX_SOURCES and not inputs:
+        if (p in INDEX_SOURCES and not inputs) or p in LIKE_FILLS:
             kind = OpKind.INDEX
         elif inputs and all(kinds.get(i) is OpKind.INDEX for i in inputs) and (
             kind in (OpKind.ELEMENTWISE, OpKind.LAYOUT) or p in INDEX_PRESERVING
