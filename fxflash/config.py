@@ -95,8 +95,9 @@ class Config:
                      ``attn_mask``, whose mask the kernel computes from the graph's ops, skipping
                      tiles; ``"all"`` those without a mask too; ``"none"`` keeps PyTorch's kernel
                      for every call. On an H100 (bf16, head dim 64; benchmarks/NOTES.md) PyTorch's
-                     kernel was 3–20 % faster on calls without a mask, and with a mask 2× slower at
-                     4k–16k keys but 1.1–1.2× faster at 1k. ``FXFLASH_SDPA_CALLS``.
+                     kernel was 2–14 % faster on calls without a mask at 4k keys (up to 40 % at 1k),
+                     and with a boolean key mask 2.1× slower at 4k (at 1k: 1.18× faster with 16
+                     KV heads, 1.53× slower with 2). ``FXFLASH_SDPA_CALLS``.
     bind_launches:   from the second launch of a kernel with one layout, call Triton's compiled
                      kernel directly, skipping the JIT entry point's per-call work
                      (launch.Launcher); ``FXFLASH_BIND_LAUNCHES=0`` launches every call through

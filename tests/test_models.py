@@ -148,6 +148,9 @@ ENTRIES = ["optimize", "backend"]
 def test_every_attention_fuses_and_the_outputs_match(name, entry, padded, attention):
     if name == "vit" and padded:
         pytest.skip("images have no padding")
+    if attention == "sdpa" and not padded and name != "vit":
+        pytest.skip("under Dynamo, transformers builds the same sdpa mask with or without padding: the padded "
+                    "run covers it")
     _one_entry_for_sdpa(entry, attention)
     model, inputs = _model(name, attention), _inputs(name, padded)
     with torch.no_grad():
