@@ -114,10 +114,11 @@ def recording():
         _RECORDING.reset(token)
 
 
-def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, seconds: dict, kept: dict):
-    """Trace and rewrite Dynamo's graph, its SDPA calls not in ``kept`` read as their math form;
-    a call whose math form did not fuse is added to ``kept`` and the graph traced again, so that it
-    runs PyTorch's kernel. Returns (captured, rewritten, report, direct)."""
+def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, seconds: dict):
+    """Trace and rewrite Dynamo's graph, its SDPA calls read as their math form (capture.sdpa); a
+    call whose math form did not fuse is kept and the graph traced again, so that it runs PyTorch's
+    kernel. Returns (captured, rewritten, report, regions, direct)."""
+    kept: dict = {}  # SDPA call → why it keeps PyTorch's kernel; grows each pass, so the loop ends
     while True:
         expanded_gm, expanded = sdpa.expand(gm, kept)
         try:
@@ -139,15 +140,13 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     regions = owned.get(rewritten, [])
     with internal.stage("rewrite"):
         direct = with_direct_calls(rewritten) if regions and inner == "eager" and not explaining else None
-    return captured, rewritten, report, direct
+    return captured, rewritten, report, regions, direct
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, keep: bool) -> _Recorded:
     seconds: dict = {}
-    kept: dict = {}
     try:
-        captured, rewritten, report, direct = _rewrite(gm, example_inputs, inner, explaining, seconds, kept)
-        regions = owned.get(rewritten, [])
+        captured, rewritten, report, regions, direct = _rewrite(gm, example_inputs, inner, explaining, seconds)
     except (CaptureError, internal.InternalError) as exc:
         # Dynamo's graph holds only torch ops: tracing it to ATen should not fail; where it does,
         # the graph runs as Dynamo captured it

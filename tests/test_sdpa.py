@@ -138,3 +138,14 @@ def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired(device):
     flag = [line for line in safe.source.splitlines() if "saturated = saturated |" in line and "acc_amax" in line]
     assert flag and all("!= float('-inf')" in line for line in flag)
     assert "!= float('-inf')" not in plain.source
+
+
+def test_a_float64_call_keeps_float64():
+    """The math form widens 16-bit scores to fp32 only: a float64 call is computed in float64
+    (fused, or by PyTorch's kernel where fxflash refuses the dtype)."""
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64) for _ in range(3))
+
+    def fn(q, k, v):
+        return sdpa(q, k, v, attn_mask=MASK)
+
+    torch.testing.assert_close(fxflash.optimize(fn)(q, k, v), fn(q, k, v), atol=1e-12, rtol=1e-12)

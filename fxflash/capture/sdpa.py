@@ -30,8 +30,8 @@ def math_form(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
               enable_gqa=False):
     """``scaled_dot_product_attention`` without dropout, as PyTorch's math backend defines it:
     a causal mask aligned top-left, a boolean mask keeps where True, a float mask is added, and a
-    row that every key masks gives 0 (``_safe_softmax``), not NaN. The scores and softmax are in
-    fp32, P is rounded to V's dtype for ``P·V``, as fused kernels do.
+    row that every key masks gives 0 (``_safe_softmax``), not NaN. The scores and softmax of 16-bit
+    operands are in fp32, P is rounded to V's dtype for ``P·V``, as fused kernels do.
 
     The fully masked row: its maximum is -inf, replaced by 0, so its exponentials are all 0; the
     sum is 0 only for such a row (any other row holds exp(0) = 1), and dividing by 1 there gives 0.
@@ -42,14 +42,17 @@ def math_form(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         value = value.repeat_interleave(query_heads // key_heads, -3)
     if scale is None:
         scale = 1.0 / math.sqrt(query.size(-1))
-    scores = (query @ key.transpose(-2, -1)).float() * scale
+    scores = query @ key.transpose(-2, -1)
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        scores = scores.float()
+    scores = scores * scale
     if is_causal:
         keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     elif attn_mask is not None:
-        scores = scores + attn_mask.float()
+        scores = scores + attn_mask.to(scores.dtype)
     row_max = scores.amax(-1, keepdim=True)
     row_max = torch.where(row_max == float("-inf"), 0.0, row_max)
     weights = torch.exp(scores - row_max)
