@@ -149,3 +149,31 @@ def test_a_float64_call_keeps_float64():
         return sdpa(q, k, v, attn_mask=MASK)
 
     torch.testing.assert_close(fxflash.optimize(fn)(q, k, v), fn(q, k, v), atol=1e-12, rtol=1e-12)
+
+
+def transformers_style(q, k, v, padding):
+    """The causal and padding mask as transformers' sdpa_mask builds it under Dynamo (and_masks from
+    ``new_ones((), dtype=bool)``, the padding gathered at ``[batch_idx, kv_idx]``), then SDPA."""
+    batch, keys = padding.shape
+    b_idx = torch.arange(batch, device=q.device)[:, None, None, None]
+    q_idx = (torch.arange(q.size(-2), device=q.device) + 0)[None, None, :, None]
+    kv_idx = (torch.arange(keys, device=q.device) + 0)[None, None, None, :]
+    mask = q_idx.new_ones((), dtype=torch.bool) & (kv_idx <= q_idx)
+    mask = (mask & padding.bool()[b_idx, kv_idx]).expand(batch, -1, q.size(-2), keys)
+    return sdpa(q, k, v, attn_mask=mask)
+
+
+def test_transformers_masks_are_computed_in_the_kernel_and_skip_tiles(device):
+    """Left padding (the padded queries' rows every key masks: SDPA's zeros); the mask is no tensor
+    the kernel loads: its causal part skips key tiles, its padding is read per key tile."""
+    q, k, v = (_rnd(2, 4, 40, 16, device=device) for _ in range(3))
+    padding = torch.ones(2, 40, dtype=torch.long, device=device)
+    padding[1, :6] = 0
+    report = fxflash.explain(transformers_style, q, k, v, padding)
+    (region,) = report.regions
+    assert region.fused and region.origin
+    assert any(step.startswith("block sparsity: a key tile may be skipped") for step in region.steps), region.steps
+    assert torch.ops.aten.index.Tensor not in [n.target for n in report.graph.graph.nodes]
+    out = fxflash.optimize(transformers_style)(q, k, v, padding)
+    assert out[1, :, :6].eq(0).all()
+    assert_accurate(transformers_style, (q, k, v, padding), out)
