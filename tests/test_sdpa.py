@@ -140,6 +140,7 @@ def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired(device):
     assert "!= float('-inf')" not in plain.source
 
 
+@pytest.mark.fusion_independent
 def test_a_float64_call_keeps_float64():
     """The math form widens 16-bit scores to fp32 only: a float64 call is computed in float64
     (fused, or by PyTorch's kernel where fxflash refuses the dtype)."""
