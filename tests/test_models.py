@@ -2,9 +2,9 @@
 
 Tiny random-initialised configs (2 layers, hidden 64, fp32; transformers' eager attention, and its
 sdpa attention where the model has one) on CPU. For each architecture, through ``fxflash.optimize``
-and ``torch.compile(backend="fxflash")``, with and without padding: every attention fuses (counted from fxflash's own reports), the logits match
-eager's, ``generate()`` gives eager's tokens with a DynamicCache and a StaticCache, and one
-training step's gradients match eager's.
+and ``torch.compile(backend="fxflash")``, with and without padding: every attention fuses (counted
+from fxflash's own reports), the logits match eager's, ``generate()`` gives eager's tokens with a
+DynamicCache and a StaticCache, and one training step's gradients match eager's.
 """
 from __future__ import annotations
 
