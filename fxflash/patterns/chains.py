@@ -270,6 +270,24 @@ def _score_partners(analysis: GraphAnalysis, chain: Chain, others: set) -> list:
     return partners
 
 
+def _next_contractions(analysis: GraphAnalysis, first: fx.Node) -> set:
+    """The contractions that ``first`` reaches along a path with no contraction inside it. A chain
+    holds no contraction between its two, so only these can close one with ``first``; looking no
+    further keeps chain discovery linear in the graph's size (a layer's producers would otherwise
+    be paired with every later layer's contractions)."""
+    found, seen, stack = set(), {first}, [first]
+    while stack:
+        for node in analysis.dataflow.successors(stack.pop()):
+            if node in seen:
+                continue
+            seen.add(node)
+            if analysis.kinds[node] is OpKind.CONTRACTION:
+                found.add(node)
+            else:
+                stack.append(node)
+    return found
+
+
 def find_chains(analysis: GraphAnalysis, near_misses: list | None = None) -> list[Chain]:
     """Every chain in the graph; for each producer, the nearest consumer that closes one.
     Producers whose batched consumers close no chain are appended to ``near_misses``."""
@@ -277,7 +295,7 @@ def find_chains(analysis: GraphAnalysis, near_misses: list | None = None) -> lis
     contractions = sorted(analysis.nodes_of_kind(OpKind.CONTRACTION), key=order.__getitem__)
     chains, missed = [], []
     for first in contractions:
-        later = nx.descendants(analysis.dataflow, first)
+        later = _next_contractions(analysis, first)
         first_miss = None
         for second in (c for c in contractions if c in later):
             chain = _chain_between(analysis, first, second, order)
