@@ -1,0 +1,45 @@
+"""Where the first call's time goes: the Llama 1B-class model of ``benchmarks/hf_llama.py`` (sdpa
+attention, 4 × 4096, bf16, unpadded) through ``torch.compile(backend="fxflash")``, once.
+
+    FXFLASH_CACHE_DIR=/tmp/fxc TRITON_CACHE_DIR=/tmp/tc TORCHINDUCTOR_CACHE_DIR=/tmp/ic \\
+        PYTHONPATH=. python benchmarks/probes/probe_first_call.py
+
+Prints the first call's seconds, fxflash's stages (the report's ``seconds``) and the tuner's
+seconds per region (``tuning.history``); the rest is Dynamo, Inductor and kernel loading. Point
+the cache variables at empty directories for a cold call.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import hf_llama  # noqa: E402
+
+import fxflash  # noqa: E402,F401 - registers the backend
+from fxflash.backend import recording  # noqa: E402
+from fxflash.codegen import tuning  # noqa: E402
+
+
+def main() -> None:
+    args = argparse.Namespace(layers=16, batch=4, seq=4096)
+    model = hf_llama._model(args, "sdpa")
+    inputs = hf_llama._inputs(args, False)
+    run = torch.compile(model, backend="fxflash")
+    start = time.perf_counter()
+    with torch.no_grad(), recording() as reports:
+        run(**inputs)
+    torch.cuda.synchronize()
+    total = time.perf_counter() - start
+    stages: dict = {}
+    for report in {id(r): r for r in reports}.values():
+        for stage, seconds in report.seconds.items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
+    print(f"first call {total:.1f} s; fxflash stages", {k: round(v, 2) for k, v in stages.items()},
+          "; tuning s", [round(h["seconds"], 1) for h in tuning.history])
+
+
+if __name__ == "__main__":
+    main()
