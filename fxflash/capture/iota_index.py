@@ -33,12 +33,10 @@ def _iota_length(node) -> object:
         node = node.args[0]
     if not (isinstance(node, fx.Node) and node.target in (aten.arange.default, aten.arange.start)):
         return None
-    args = list(node.args)
-    if node.target is aten.arange.start:
-        if args[0] != 0:
-            return None
-        args = args[1:]
-    return args[0] if len(args) == 1 and not node.kwargs.get("step", 1) != 1 else None
+    if node.target is aten.arange.start:  # arange(start, end): an iota where start is 0 (no step here)
+        start, end = node.args
+        return end if start == 0 else None
+    return node.args[0]  # arange(end)
 
 
 def _view_shape(node: fx.Node) -> list | None:
