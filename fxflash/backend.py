@@ -7,7 +7,9 @@ it can fuse, and hands the result to an inner compiler:
 
 * ``inner="inductor"`` (default): TorchInductor compiles the rest of the graph; fused regions
   are opaque custom ops to it.
-* ``inner="eager"``: the rewritten graph runs as it is (``fxflash.optimize``).
+* ``inner="eager"``: the rewritten graph runs as it is.
+* ``inner="auto"`` (``fxflash.optimize``'s default): Inductor where the graph's tensors are on a
+  GPU, eager elsewhere.
 
 A graph with nothing fused is compiled as Dynamo captured it, as if fxflash were not there.
 
@@ -34,11 +36,23 @@ from .report import Report
 
 log = logging.getLogger("fxflash")
 
-INNER_COMPILERS = ("inductor", "eager")
+INNER_COMPILERS = ("auto", "inductor", "eager")
 
 # The reports of the graphs torch.compile(backend="fxflash") compiled most recently (newest last),
 # for inspection (optimize() and explain() record theirs themselves: ``recording()``).
 recent_reports: collections.deque = collections.deque(maxlen=32)
+
+
+def _resolved(inner: str, example_inputs) -> str:
+    """``"auto"`` → ``"inductor"`` where a tensor input is on a GPU, ``"eager"`` otherwise. On a GPU
+    the rest of a real model's graph, run eagerly as decomposed ATen ops, costs more than the fused
+    attention saves (a Llama 1B-class prefill: 126 ms eager against 79 ms with Inductor, see
+    benchmarks/NOTES.md); on a CPU the generated kernels run in Triton's interpreter, and Inductor
+    would add a C++ build to every first call."""
+    if inner != "auto":
+        return inner
+    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+    return "inductor" if on_gpu else "eager"
 
 
 def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs):
@@ -145,6 +159,7 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
 
 def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, keep: bool) -> _Recorded:
     seconds: dict = {}
+    inner = _resolved(inner, example_inputs)
     try:
         captured, rewritten, report, regions, direct = _rewrite(gm, example_inputs, inner, explaining, seconds)
     except (CaptureError, internal.InternalError) as exc:
@@ -154,8 +169,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
             warnings.warn(f"fxflash: running eagerly, {exc}", RuntimeWarning, stacklevel=2)
         else:
             internal.warn(exc, "the graph runs as eager PyTorch", stacklevel=2)
-        report = Report(regions=[], graph=gm, analysis=None, seconds=seconds, capture_note=str(exc))
+        report = Report(regions=[], graph=gm, analysis=None, seconds=seconds, capture_note=str(exc), inner=inner)
         return _Recorded(_inner_compile(inner, gm, example_inputs), report, [])
+    report.inner = "" if explaining else inner
     if keep:
         recent_reports.append(report)
     log.debug("fxflash backend: %r", report)
@@ -184,7 +200,7 @@ def backend(inner: str = "inductor", explaining: bool = False, keep_reports: boo
 
 
 def fxflash_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
-    """The registered backend: ``options={"inner": "inductor" | "eager"}``."""
+    """The registered backend: ``options={"inner": "inductor" | "eager" | "auto"}``."""
     options = dict(options or {})
     inner = options.pop("inner", "inductor")
     if options:

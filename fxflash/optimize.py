@@ -4,7 +4,8 @@ Both go through the same capture path as ``torch.compile(backend="fxflash")``: D
 user's Python (arguments and outputs of any type, caches updated in place, tied parameters,
 control flow that reads tensor values: a graph break, not a fallback of the whole call) and
 guards everything it read; each graph it captures is rewritten by :mod:`fxflash.backend`, and the
-rest of the graph runs as eager PyTorch (``inner="eager"``).
+rest of the graph is compiled by Inductor on a GPU and runs as eager PyTorch on a CPU
+(``inner="auto"``).
 
 Dynamo keeps its compiled graphs on the code object it starts from. Each optimized callable and
 each ``explain()`` starts from a code object of its own (``_entry``), so that none shares its
@@ -126,7 +127,7 @@ class _Optimizer:
 class OptimizedFunction:
     """What ``optimize(fn)`` returns for a plain function."""
 
-    def __init__(self, fn: Callable, inner: str = "eager"):
+    def __init__(self, fn: Callable, inner: str = "auto"):
         functools.update_wrapper(self, fn)
         self._optimizer = _Optimizer(fn, inner)
 
@@ -147,7 +148,7 @@ class OptimizedModule(torch.nn.Module):
     run as they would.
     """
 
-    def __init__(self, module: torch.nn.Module, inner: str = "eager"):
+    def __init__(self, module: torch.nn.Module, inner: str = "auto"):
         super().__init__()
         self._orig_mod = module
         self._optimizer = _Optimizer(module, inner)
@@ -160,12 +161,13 @@ class OptimizedModule(torch.nn.Module):
         return self._optimizer.report(args, kwargs)
 
 
-def optimize(fn_or_module, *, inner: str = "eager"):
+def optimize(fn_or_module, *, inner: str = "auto"):
     """Return a version of ``fn_or_module`` whose attention chains run as fused kernels.
 
     ``fn_or_module``: an ``nn.Module`` (an ``nn.Module`` is returned) or a function.
-    ``inner``: what runs the rest of each graph: ``"eager"`` (PyTorch's ops, as traced) or
-    ``"inductor"`` (TorchInductor compiles it, as ``torch.compile(backend="fxflash")`` does).
+    ``inner``: what runs the rest of each graph: ``"inductor"`` (TorchInductor compiles it, as
+    ``torch.compile(backend="fxflash")`` does), ``"eager"`` (PyTorch's ops, as traced), or
+    ``"auto"``: Inductor where the graph's tensors are on a GPU, eager on a CPU.
 
     The first call captures (through TorchDynamo) and compiles; later calls reuse what Dynamo's
     guards accept, and a call they refuse (other shapes, dtypes, flags, attribute values) compiles

@@ -101,6 +101,7 @@ class Report:
     seconds: dict = dataclasses.field(default_factory=dict)
     left_alone: list = dataclasses.field(default_factory=list)  # attention ops kept as they are, one line each
     parts: list = dataclasses.field(default_factory=list)  # a call of several graphs: each one's report, as run
+    inner: str = ""  # what ran the rest of the graph: "inductor" or "eager" ("" for explain(), which runs none)
 
     @classmethod
     def of_graphs(cls, reports: list, note: str = "") -> "Report":
@@ -128,6 +129,8 @@ class Report:
                  *(f"  left alone: {line}" for line in self.left_alone)]
         if self.capture_note:
             parts.append(self.capture_note)
+        if self.inner:
+            parts.append("the rest of the graph: " + {"inductor": "compiled by Inductor", "eager": "eager PyTorch"}[self.inner])
         if self.seconds:
             parts.append("compile time: " + ", ".join(f"{stage} {s * 1e3:.0f} ms" for stage, s in self.seconds.items()))
         if self.parts:

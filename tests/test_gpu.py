@@ -44,7 +44,7 @@ def test_variant_on_gpu(name, shape, dtype):
     report = fxflash.explain(variant.fn, *args)
     assert len(report.regions) == variant.chains and all(r.fused for r in report.regions), \
         [r.reason for r in report.regions]
-    fast = fxflash.optimize(variant.fn)
+    fast = fxflash.optimize(variant.fn, inner="eager")  # the kernel's own launches, no Inductor build
     first = fast(*args)  # through Triton's JIT entry point
     assert_accurate(variant.fn, args, first)
     # the same layout again: the bound launch (launch.Launcher), the same kernel
@@ -106,6 +106,15 @@ def test_torch_compile_on_gpu(name, inner):
     assert_accurate(variant.fn, args, compiled(*args))
     assert len(recent_reports) == 1
     assert all(r.fused for r in recent_reports[0].regions), [r.reason for r in recent_reports[0].regions]
+
+
+def test_optimize_compiles_the_rest_with_inductor_on_gpu():
+    variant = VARIANTS["diff_transformer"]  # a region with an epilogue, and ops around it
+    args = variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")
+    fast = fxflash.optimize(variant.fn)
+    report = fast.report(*args)
+    assert report.inner == "inductor" and all(r.fused for r in report.regions)
+    assert_accurate(variant.fn, args, fast(*args))
 
 
 @pytest.mark.parametrize("name,dtype,lengths", [("sliding_window", torch.float16, (128, 300)),

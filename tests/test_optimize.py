@@ -60,6 +60,24 @@ def test_compile_backend_with_inductor_matches_eager(name):
     assert_fused(recent_reports[-1])
 
 
+def test_optimize_runs_the_rest_with_inductor_on_a_gpu_and_eagerly_on_a_cpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxflash.backend import _resolved
+
+    with FakeTensorMode():
+        on_gpu = torch.empty(2, device="cuda")
+    assert _resolved("auto", [on_gpu, 3]) == "inductor"
+    assert _resolved("auto", [torch.ones(2), 3]) == "eager"
+    assert _resolved("eager", [on_gpu]) == "eager"
+    args = VARIANTS["vanilla"].inputs(SHAPE)
+    report = fxflash.optimize(VARIANTS["vanilla"].fn).report(*args)
+    assert report.inner == "eager" and "the rest of the graph: eager PyTorch" in str(report)
+    torch._dynamo.reset()
+    torch.compile(VARIANTS["vanilla"].fn, backend="fxflash")(*args)
+    assert recent_reports[-1].inner == "inductor"
+
+
 def test_backend_factory_and_bad_options():
     torch._dynamo.reset()
     args = VARIANTS["vanilla"].inputs(SHAPE)
