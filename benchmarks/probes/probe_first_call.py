@@ -24,10 +24,13 @@ from fxflash.codegen import tuning  # noqa: E402
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--compiler", choices=["fxflash", "inductor"], default="fxflash")
+    compiler = parser.parse_args().compiler
     args = argparse.Namespace(layers=16, batch=4, seq=4096)
     model = hf_llama._model(args, "sdpa")
     inputs = hf_llama._inputs(args, False)
-    run = torch.compile(model, backend="fxflash")
+    run = torch.compile(model, backend="fxflash" if compiler == "fxflash" else "inductor")
     start = time.perf_counter()
     with torch.no_grad(), recording() as reports:
         run(**inputs)
@@ -37,8 +40,10 @@ def main() -> None:
     for report in {id(r): r for r in reports}.values():
         for stage, seconds in report.seconds.items():
             stages[stage] = stages.get(stage, 0.0) + seconds
-    print(f"first call {total:.1f} s; fxflash stages", {k: round(v, 2) for k, v in stages.items()},
-          "; tuning s", [round(h["seconds"], 1) for h in tuning.history])
+    tuned = [f"{h['seconds']:.1f} s ({h['compile_seconds']:.1f} compiling {h['candidates']})"
+             if not h["from_disk"] else "from disk" for h in tuning.history]
+    print(f"{compiler}: first call {total:.1f} s; fxflash stages", {k: round(v, 2) for k, v in stages.items()},
+          "; tuning", tuned)
 
 
 if __name__ == "__main__":

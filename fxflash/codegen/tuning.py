@@ -379,6 +379,7 @@ def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     progress = _Progress(name, frame, len(candidates) + 1)
     if device_index is not None:
         _compile_all(candidates, run, device_index)
+    compiled = time.perf_counter() - start
     failures: dict[Tile, str] = {}
     estimates: dict[Tile, float] = {}
     for tile in candidates:  # one timed launch each: what fails here, and how long each takes
@@ -404,14 +405,14 @@ def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame], rounds=rounds, ms=ms,
                  sustained_ms={_label(t): round(m, 5) for t, m in sustained.items()},
                  failed=sorted(_label(t) for t in failures), seconds=round(seconds, 3),
-                 triton=triton.__version__)
+                 compile_seconds=round(compiled, 3), triton=triton.__version__)
     try:
         _store(key, entry)
     except OSError as exc:
         warnings.warn(f"fxflash: could not write the tuning cache ({exc}); the choice is kept for this "
                       "process only", RuntimeWarning, stacklevel=2)
-    history.append(dict(kernel=name, key=key, config=best, seconds=seconds, from_disk=False, ms=ms,
-                        sustained_ms=entry["sustained_ms"]))
+    history.append(dict(kernel=name, key=key, config=best, seconds=seconds, compile_seconds=compiled,
+                        candidates=len(candidates), from_disk=False, ms=ms, sustained_ms=entry["sustained_ms"]))
     return best
 
 
