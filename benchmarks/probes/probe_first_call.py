@@ -9,7 +9,9 @@ seconds per region (``tuning.history``); the rest is Dynamo, Inductor and kernel
 the cache variables at empty directories for a cold call.
 """
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import time
 
@@ -26,15 +28,22 @@ from fxflash.codegen import tuning  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compiler", choices=["fxflash", "inductor"], default="fxflash")
-    compiler = parser.parse_args().compiler
+    parser.add_argument("--profile", type=int, default=0)
+    options = parser.parse_args()
+    compiler = options.compiler
     args = argparse.Namespace(layers=16, batch=4, seq=4096)
     model = hf_llama._model(args, "sdpa")
     inputs = hf_llama._inputs(args, False)
     run = torch.compile(model, backend="fxflash" if compiler == "fxflash" else "inductor")
+    profile = cProfile.Profile() if options.profile else None
     start = time.perf_counter()
     with torch.no_grad(), recording() as reports:
+        if profile:
+            profile.enable()
         run(**inputs)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        if profile:
+            profile.disable()
     total = time.perf_counter() - start
     stages: dict = {}
     for report in {id(r): r for r in reports}.values():
@@ -44,6 +53,8 @@ def main() -> None:
              if not h["from_disk"] else "from disk" for h in tuning.history]
     print(f"{compiler}: first call {total:.1f} s; fxflash stages", {k: round(v, 2) for k, v in stages.items()},
           "; tuning", tuned)
+    if profile:
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(options.profile)
 
 
 if __name__ == "__main__":
