@@ -380,17 +380,13 @@ class _Printer:
 
     def inlinable(self, node: fx.Node) -> bool:
         """Is ``node`` an elementwise op that broadcasts smaller tensors up (``ids[:, None] ==
-        ids[None, :]``), an op on such a value, or a view of one (VECTOR_VIEWS: transformers'
-        ``where(mask.expand(B, -1, M, N), 0, finfo.min)``)? Then the kernel computes it per tile
-        from its inputs instead of loading an O(M·N) tensor that eager would materialize."""
+        ids[None, :]``), or an op on such a value? Then the kernel computes it per tile from
+        its inputs instead of loading an O(M·N) tensor that eager would materialize."""
         if node in self.inline_memo:
             return self.inline_memo[node]
         val = node.meta.get("val")
         ok = False
-        if (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
-                and packet(node.target) in VECTOR_VIEWS and isinstance(node.args[0], fx.Node)):
-            ok = self.inlinable(node.args[0])  # a view that moves index expressions is loaded (outside)
-        elif self.printable_elementwise(node):
+        if self.printable_elementwise(node):
             inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             largest = max((a.meta["val"].numel() for a in inputs), default=0)
             ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs)
