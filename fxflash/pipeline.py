@@ -23,7 +23,7 @@ from .report import RegionReport, Report
 log = logging.getLogger("fxflash")
 
 
-def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=None, plan=None):
+def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=None, plan=None, program=None):
     """A fused region's report (``region`` and its kernel's ``plan`` given) or a refused
     candidate's (``rule``)."""
     report = RegionReport(
@@ -37,6 +37,7 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         source=plan.source if plan is not None else "",
         gluon_source=plan.gluon.source if plan is not None and plan.gluon is not None else "",
         configs=plan.configs if plan is not None else (),
+        tile_program=program,
     )
     if region is not None:
         from .codegen.gluon_launch import GLUON_MIN_KEYS
@@ -132,6 +133,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
     from .codegen import Unprintable, emit_kernel, load_kernel, replace_region
     from .codegen import gluon
     from .codegen.rewrite import copy_graph
+    from .tile import lower
 
     fuse = config.fuse if fuse is None else fuse
     seconds = {} if seconds is None else seconds
@@ -157,6 +159,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
                 _check_device(region)
             with timed(seconds, "code generation"):
                 with internal.stage("code generation", FusionRefused, Unprintable):
+                    program = lower(region, analysis.kinds)
                     plan = emit_kernel(region, analysis.kinds)
                     gluon.attach(plan, region, analysis.kinds)
                 with internal.stage("kernel compilation"):
@@ -174,7 +177,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
             regions.append(_region_report(analysis, chain, f"{exc} (the region runs as eager PyTorch)",
                                           internal.RULE))
             continue
-        regions.append(_region_report(analysis, chain, region=region, plan=plan))
+        regions.append(_region_report(analysis, chain, region=region, plan=plan, program=program))
     rewritten.graph.eliminate_dead_code()
     rewritten.recompile()
     report = Report(regions=regions, graph=gm, analysis=analysis, rewritten=rewritten, seconds=seconds,

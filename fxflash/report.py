@@ -11,6 +11,7 @@ from .analysis.sketch import dim_name
 from .analysis.traffic import Traffic
 from .patterns import Chain
 from .patterns.transformations import RegionDims
+from .tile import TileProgram
 
 
 @dataclasses.dataclass
@@ -35,6 +36,7 @@ class RegionReport:
     traffic:   when fused, the estimated bytes of GPU memory traffic, eager vs fused.
     dims:      when fused, the RegionDims: ids of the row, demoted and eliminated dimensions.
     origin:    when fused from a call of ``scaled_dot_product_attention``, that call's name.
+    tile_program: when fused, the kernel as tile operations (fxflash.tile.TileProgram).
     """
 
     nodes: list
@@ -52,6 +54,7 @@ class RegionReport:
     traffic: Traffic | None = None
     dims: RegionDims | None = None
     origin: str = ""
+    tile_program: TileProgram | None = None
 
     @property
     def demoted(self) -> str:
@@ -80,6 +83,8 @@ class RegionReport:
             lines.append(f"  {self.traffic}")
         for i, step in enumerate(self.transformations, 1):
             lines.append(textwrap.indent(f"{i}. {step}", "  "))
+        if self.tile_program is not None:
+            lines.append(textwrap.indent(str(self.tile_program), "  "))
         lines.append("  nodes:")
         for name in self.nodes:
             lines.append(f"    {name:<24} {self.sketches.get(name, '')}")

@@ -1,0 +1,68 @@
+"""fxflash.tile: every fused region lowered to its tile program, shown by explain()."""
+import dataclasses
+import textwrap
+
+import pytest
+
+import fxflash
+from fxflash.tile import ir
+from fxflash.variants import VARIANTS, Shape
+
+SHAPE = Shape(B=2, H=4, Hkv=2, M=9, N=13, D=8, Dv=8)
+FUSED = [name for name, v in VARIANTS.items() if v.chains]
+
+
+def _programs(name):
+    variant = VARIANTS[name]
+    report = fxflash.explain(variant.fn, *variant.inputs(SHAPE))
+    fused = [r for r in report.regions if r.fused]
+    assert len(fused) == variant.chains, [r.reason for r in report.regions]
+    return report, [r.tile_program for r in fused]
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_every_fused_region_has_a_tile_program_in_explain(name):
+    report, programs = _programs(name)
+    for program in programs:
+        assert isinstance(program, ir.TileProgram)
+        kinds = [type(op) for op in program.body]
+        assert kinds.count(ir.Dot) >= 1 and ir.Accumulate in kinds
+        assert isinstance(program.stores[0], ir.Store) and program.stores[0].tile == "output"
+        assert textwrap.indent(str(program), "  ") in str(report)
+
+
+def test_a_softmax_is_an_online_max_and_a_rescaled_sum_divided_after_the_loop():
+    (program,) = _programs("vanilla")[1]
+    reductions = [op for op in program.body if isinstance(op, ir.RowReduce)]
+    assert [(r.combine, r.rescaled_by) for r in reductions] == [("max", None), ("sum", reductions[0].name)]
+    (acc,) = [op for op in program.body if isinstance(op, ir.Accumulate)]
+    assert acc.rescaled_by == reductions[0].name
+    (finish,) = program.epilogue
+    assert finish == ir.Finish(finish.name, acc.acc, (("div", reductions[1].name),))
+    assert not program.skips
+
+
+def test_masks_become_tile_skips_and_streams_their_own_accumulators():
+    (causal,) = _programs("causal")[1]
+    assert [type(s) for s in causal.skips] == [ir.SkipIf] and causal.skips[0].masked_when is True
+    (diff,) = _programs("diff_attention")[1]
+    assert diff.streams == 2
+    assert len([op for op in diff.body if isinstance(op, ir.Accumulate)]) == 2
+    combine = diff.epilogue[-1]
+    assert combine.op == "sum" and [a[0] for a in combine.args] == ["+", "-"]
+
+
+def test_output_ops_run_after_the_loop_and_row_factors_follow_the_homomorphism():
+    (evoformer,) = _programs("evoformer_row")[1]
+    assert [op.op for op in evoformer.epilogue if isinstance(op, ir.Map)][-1] == "mul"  # the gate
+    (quiet,) = _programs("softmax_one")[1]
+    (finish,) = [op for op in quiet.epilogue if isinstance(op, ir.Finish)]
+    assert [f[0] for f in finish.factors] == ["shift", "div"]
+
+
+def test_a_tile_program_is_plain_frozen_data():
+    (a,) = _programs("causal")[1]
+    (b,) = _programs("causal")[1]
+    assert a == b and str(a) == str(b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.name = "other"
