@@ -52,7 +52,7 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
             gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel, one CTA "
                           f"per item on rows of at least {GLUON_MIN_KEYS} keys"
                           + (", on a persistent grid on shorter rows" if plan.gluon.dense else ""))
-        report.steps = list(region.steps) + [
+        report.steps = [step.text for step in region.steps] + [
             f"block sparsity: {why}" for why in plan.unclassified] + [gluon_line]
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)

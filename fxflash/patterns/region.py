@@ -40,6 +40,24 @@ from .rules import (
 aten = torch.ops.aten
 
 # Layout ops that only regroup the batch axes of an operand [*batch, rows, cols].
+# The transformation each rule line of a region belongs to (explain()'s grouping).
+DEMOTION = "dimension demotion"
+ALGEBRAIC = "algebraic rewriting"
+ELIMINATION = "dimension elimination"
+TILE_PROGRAM = "tile program"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One rule line of a region, for explain(): the transformation it belongs to, and its text."""
+
+    group: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 BATCH_REGROUP = {aten.view, aten._unsafe_view, aten.reshape, aten.clone, aten.alias, aten.expand}
 FLOAT_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 # Scalars computed from symbolic sizes (``q.size(-1) ** -0.5`` under dynamic=True); the kernel
@@ -134,7 +152,7 @@ class Region:
     output:      the node the kernel's result replaces: ``[*, M, Dv]``, contiguous, or with
                  ``output_ops`` (transposes, a gate) the last of them, in eager's layout.
     nodes:       every node the kernel replaces.
-    steps:       the transformations applied, for explain().
+    steps:       the rule lines applied (Step: its transformation and text), for explain().
     split:       with several streams (differential attention), how they are selected; the
                  DAG nodes in ``combined`` are in the output frame, the others are computed
                  once per stream in the score frame.
@@ -417,13 +435,13 @@ class _FormInference:
             raise FusionRefused("online reduction", node, "reductions with a dtype argument are not fused")
         if src.kind == "plain":
             self.reductions.append(OnlineReduction(node, combine, node.args[0], None))
-            self.steps.append(f"online {combine}: {node.name} accumulates over the demoted axis")
+            self.steps.append(Step(ALGEBRAIC, f"online {combine}: {node.name} accumulates over the demoted axis"))
             return ROW
         if src.is_term and combine == "sum":
             self.reductions.append(OnlineReduction(node, combine, node.args[0], src.scale, src.factors))
             rescale = f" rescaled when {src.scale.name} grows" if src.scale is not None else ""
             deferred = ", its row factors applied to the finished sum" if src.factors else ""
-            self.steps.append(f"algebraic: {node.name} = Σ {node.args[0].name}{rescale}{deferred}")
+            self.steps.append(Step(ALGEBRAIC, f"algebraic: {node.name} = Σ {node.args[0].name}{rescale}{deferred}"))
             return ROW
         raise FusionRefused("online reduction", node, f"a {combine} over a value of form {src.kind} has no online form")
 
@@ -452,14 +470,15 @@ class _FormInference:
         if self.rescales.setdefault(m, hom) is not hom:
             raise FusionRefused("algebraic transformation", node, f"{m.name} is the running maximum of two "
                                 "different homomorphisms; one rescale cannot serve both")
-        self.steps.append(
+        self.steps.append(Step(
+            ALGEBRAIC,
             f"algebraic: {node.name} = {hom.name}({x.name} - {r.name}) via the homomorphism {hom.name}: (+) → (×); "
             f"computed against the running {m.name}, rescaled by {hom.rescale.format(old='m_old', new='m_new')}"
-        )
+        ))
         if r is m:
             return Form("scaled", scale=m)
-        self.steps.append(f"distributivity: the row factor {hom.rescale.format(old=m.name, new=r.name)} is deferred "
-                          "past the consumer contraction")
+        self.steps.append(Step(ALGEBRAIC, f"distributivity: the row factor {hom.rescale.format(old=m.name, new=r.name)} "
+                               "is deferred past the consumer contraction"))
         return Form("deferred", scale=m, factors=(Factor("shift", r, hom, m),))
 
     def _terms(self, arg, sign: int) -> tuple:
@@ -475,8 +494,8 @@ class _FormInference:
         if a.kind != "sum" and (a.kind, a.scale, a.factors, a.stream) == (b.kind, b.scale, b.factors, b.stream):
             return a
         terms = self._terms(args[0], 1) + self._terms(args[1], -1 if p is aten.sub else 1)
-        self.steps.append(f"linearity: {node.name} = " + " ".join(
-            f"{'+' if s > 0 else '-'} {n.name}" for s, n in terms) + "; each term accumulates P·V on its own")
+        self.steps.append(Step(ALGEBRAIC, f"linearity: {node.name} = " + " ".join(
+            f"{'+' if s > 0 else '-'} {n.name}" for s, n in terms) + "; each term accumulates P·V on its own"))
         return Form("sum", terms=terms)
 
     def _through(self, node, p, args, forms, i) -> Form:
@@ -498,8 +517,8 @@ class _FormInference:
                 (r,) = row_args
                 op = "div" if p is aten.div else "mul"
                 self.passthrough[node] = args[i]
-                self.steps.append(f"distributivity: {node.name} = {op} by row value {r.name}, deferred past the "
-                                  "consumer contraction")
+                self.steps.append(Step(ALGEBRAIC, f"distributivity: {node.name} = {op} by row value {r.name}, "
+                                       "deferred past the consumer contraction"))
                 return Form("deferred", scale=moving.scale, factors=moving.factors + (Factor(op, r),))
         raise FusionRefused("algebraic transformation", node, f"op is not linear in the {moving.kind} value "
                             f"{args[i].name if isinstance(args[i], fx.Node) else args[i]}")
@@ -612,18 +631,18 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     k = _walk_operand(first.args[1], D, N, region_nodes)
     v = _walk_operand(second.args[1], N, Dv, region_nodes)
     steps = [
-        f"dimension demotion: {dim_name(chain.demoted)} (N={N}), parallel in {first.name}, becomes the reduction "
-        f"axis of the region; one program per row tile loops over it",
+        Step(DEMOTION, f"dimension demotion: {dim_name(chain.demoted)} (N={N}), parallel in {first.name}, becomes "
+                       f"the reduction axis of the region; one program per row tile loops over it"),
         *infer.steps,
-        *([f"streams: {split.count} score maps over the same keys ({split.view.name} splits axis {split.axis} of "
-             f"the score frame); one program computes all of them for its rows, one Q tile and one set of "
-             f"running values each"] if split is not None else []),
-        f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
-        f"{first.name} and {second.name} chain inside the loop",
-        *([f"scores: {', '.join(p.view.name for p in partners)} (further contractions of the scores) computed "
-           f"per key tile beside {first.name}"] if partners else []),
-        *([f"epilogue: {', '.join(op.name for op in chain.output_ops)} applied to the output tile before "
-           f"it is stored"] if chain.output_ops else []),
+        *([Step(TILE_PROGRAM, f"streams: {split.count} score maps over the same keys ({split.view.name} splits axis "
+                              f"{split.axis} of the score frame); one program computes all of them for its rows, "
+                              f"one Q tile and one set of running values each")] if split is not None else []),
+        Step(ELIMINATION, f"dimension elimination: D={D} and Dv={Dv} fit one tile (≤ {MAX_HEAD_DIM}); "
+                          f"{first.name} and {second.name} chain inside the loop"),
+        *([Step(ELIMINATION, f"scores: {', '.join(p.view.name for p in partners)} (further contractions of the "
+                             f"scores) computed per key tile beside {first.name}")] if partners else []),
+        *([Step(TILE_PROGRAM, f"epilogue: {', '.join(op.name for op in chain.output_ops)} applied to the output "
+                              f"tile before it is stored")] if chain.output_ops else []),
     ]
     region = Region(
         chain=chain, frame=frame, q=q, k=k, v=v, forms=infer.forms, dag=loop_nodes,
@@ -634,8 +653,8 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
     )
     region.tile_masks = skippable_masks(region, analysis.kinds) if config.block_sparsity else []
     for mask in region.tile_masks:
-        steps.append(f"block sparsity: a key tile may be skipped when {mask.condition.name} is "
-                     f"{mask.masked_when} on all of it (scores -inf, every accumulator scaled by exp)")
+        steps.append(Step(TILE_PROGRAM, f"block sparsity: a key tile may be skipped when {mask.condition.name} is "
+                                        f"{mask.masked_when} on all of it (scores -inf, every accumulator scaled by exp)"))
     return region
 
 

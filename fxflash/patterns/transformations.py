@@ -13,9 +13,9 @@ Each region's op sketches ``[(P…), (R…)]`` are shown before and after each s
   fit one tile: their tile loops have one step and vanish. The rest is tiled:
   ``[(B, M/BM), (N/BN)]``.
 
-The rule lines of :attr:`Region.steps` are grouped under these by their prefix
-(:data:`STEP_GROUPS`); lines that change no sketch (streams, epilogue, block sparsity) form
-the ``tile program`` group.
+The rule lines of :attr:`Region.steps` are grouped under these by the transformation each
+``Step`` names; lines that change no sketch (streams, epilogue, block sparsity) form the
+``tile program`` group.
 """
 from __future__ import annotations
 
@@ -23,26 +23,8 @@ import dataclasses
 
 from ..analysis import GraphAnalysis, OpKind
 from ..analysis.sketch import Sketch, dim_name
-from .region import Region
+from .region import ALGEBRAIC, DEMOTION, ELIMINATION, TILE_PROGRAM, Region
 
-DEMOTION = "dimension demotion"
-ALGEBRAIC = "algebraic rewriting"
-ELIMINATION = "dimension elimination"
-TILE_PROGRAM = "tile program"
-
-# The first word(s) of a Region.steps line → the transformation it belongs to.
-STEP_GROUPS = {
-    "dimension demotion": DEMOTION,
-    "online": ALGEBRAIC,
-    "algebraic": ALGEBRAIC,
-    "distributivity": ALGEBRAIC,
-    "linearity": ALGEBRAIC,
-    "dimension elimination": ELIMINATION,
-    "scores": ELIMINATION,
-    "streams": TILE_PROGRAM,
-    "epilogue": TILE_PROGRAM,
-    "block sparsity": TILE_PROGRAM,
-}
 ORDER = (DEMOTION, ALGEBRAIC, ELIMINATION, TILE_PROGRAM)
 
 
@@ -178,9 +160,8 @@ def transformations(analysis: GraphAnalysis, region: Region) -> list[Transformat
     dims = region_dims(analysis, region)
     steps = {name: (BUILDERS[name](analysis, region, dims) if name in BUILDERS
                     else Transformation(name, "", [], {}, {})) for name in ORDER}
-    for line in region.steps:
-        group = next((g for prefix, g in STEP_GROUPS.items() if line.startswith(prefix)), TILE_PROGRAM)
-        steps[group].rules.append(line)
+    for step in region.steps:
+        steps[step.group].rules.append(step.text)
     return [t for t in steps.values() if t.rules or t.before]
 
 
