@@ -158,6 +158,35 @@ class Config:
 config = Config()
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """The settings that shape a generated kernel (each one's meaning: Config), as ``config`` held
+    them when a graph was optimized: read once per graph (``kernel_options()``), passed to the
+    fusion rules and the printers, and recorded in each kernel's plan (``KernelPlan.options``),
+    which its launches read too. Nothing reads ``config`` while printing."""
+
+    block_sparsity: bool
+    full_tiles: bool
+    vector_producers: bool
+    fold_scale: bool
+    fold_scale_add: bool
+    row_reciprocal: bool
+    heavy_rows_first: bool
+    exp2_fma: bool
+    log2_max: bool
+    prefetch_epilogue: bool
+    gluon_full_tiles: bool
+    gluon_mma_row_sum: bool
+    gluon_tma_tiles: bool
+    gluon_tma_key_vectors: bool
+    gluon_tma_store: bool
+
+
+def kernel_options() -> KernelOptions:
+    """``config``'s kernel settings now."""
+    return KernelOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(KernelOptions)})
+
+
 def interpreting() -> bool:
     """Do generated kernels run in Triton's interpreter (TRITON_INTERPRET=1)?"""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

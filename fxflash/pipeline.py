@@ -14,7 +14,7 @@ import torch.fx as fx
 from . import internal
 from .analysis import analyse
 from .analysis.traffic import region_traffic
-from .config import config, interpreting
+from .config import config, interpreting, kernel_options
 from .patterns import find_chains
 from .patterns.region import FusionRefused, build_region
 from .patterns.transformations import region_dims, transformations
@@ -136,6 +136,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
     from .tile import lower
 
     fuse = config.fuse if fuse is None else fuse
+    options = kernel_options()  # every region of the graph printed with the same settings
     seconds = {} if seconds is None else seconds
     rewritten, node_map = copy_graph(gm)
     try:
@@ -155,12 +156,12 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
             continue
         try:
             with timed(seconds, "fusion"), internal.stage("fusion rules", FusionRefused):
-                region = build_region(analysis, chain)
+                region = build_region(analysis, chain, options)
                 _check_device(region)
             with timed(seconds, "code generation"):
                 with internal.stage("code generation", FusionRefused, Unprintable):
                     program = lower(region, analysis.kinds)
-                    plan = emit_kernel(region, analysis.kinds)
+                    plan = emit_kernel(region, analysis.kinds, options=options)
                     gluon.attach(plan, region, analysis.kinds)
                 with internal.stage("kernel compilation"):
                     kernel = load_kernel(plan.source, plan.name)

@@ -76,7 +76,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
     stores = "by TMA" if "cp.async.bulk.tensor.2d.global.shared" in compiled.asm["ptx"] else "per element"
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
-          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles) - len(plan.vectors), plan.dv, len(plan.vectors))}), {regs} registers per consumer thread; row sums "
+          f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles) - len(plan.vectors), plan.dv, len(plan.vectors), mma_row_sum=plan.options.gluon_mma_row_sum)}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; output stored {stores}; "
           f"{spills(compiled.asm['ptx'])}")
 

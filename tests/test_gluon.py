@@ -212,7 +212,8 @@ def test_v_may_have_a_head_dim_other_than_q_and_k(d, dv):
     assert "DV: gl.constexpr = v_desc.block_type.shape[1]" in plan.source and "gl.zeros([BM, DV]" in plan.source
     tile = PERSISTENT_CONFIGS[128][0]
     assert gluon_launch._blocks(plan, tile)[:3] == ([64, d], [tile[2], d], [tile[2], dv])
-    assert shared_bytes(tile, d, 2, 0, dv) - shared_bytes(tile, d) == tile[3] * tile[2] * (dv - d) * 2
+    assert (shared_bytes(tile, d, 2, 0, dv, mma_row_sum=True) - shared_bytes(tile, d, mma_row_sum=True)
+            == tile[3] * tile[2] * (dv - d) * 2)
 
 
 @pytest.mark.fusion_independent
@@ -266,7 +267,7 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
     compiled = compile_for_hopper(name, dtype, d, tile, dv=dv, FXFLASH_GLUON_FULL_TILES=full_tiles)
     shared, buffers = map(int, re.search(r"shared (\d+) bytes \(buffers (\d+)\)", compiled).groups())
     assert buffers <= shared <= buffers + BARRIER_BYTES, compiled
-    assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile)), compiled
+    assert ("by P·1 on the tensor cores" in compiled) == row_sums_by_mma(("gluon", *tile), True), compiled
     assert ("output stored by TMA" in compiled) == (name == "evoformer_row"), compiled  # its gate in the Q buffers
 
 
@@ -307,7 +308,8 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, producers, monkeyp
     assert plan.source.count("_release(kv_empty.index(") == 2
     assert ("_release(q_empty.index(qb), True)" in plan.source) == tma
     assert fits_shared_memory(("gluon", 1, 64, 2, 0, 2, 1, 1, 128), shared_bytes(("gluon", 1, 64, 2, 0, 2, 1, 1, 128), 64, 2,
-                              len(plan.tiles) - len(plan.vectors), None, len(plan.vectors)))
+                              len(plan.tiles) - len(plan.vectors), None, len(plan.vectors),
+                                                                                   mma_row_sum=plan.options.gluon_mma_row_sum))
 
 
 @pytest.mark.fusion_independent
@@ -538,12 +540,12 @@ def test_every_configuration_fits_its_share_of_an_sm():
             maxnreg, regs = register_budget(t.consumers, t.ctas)
             assert t.ctas * maxnreg * (4 * t.consumers + 4) * 32 <= 65536, tile
             assert 160 <= regs <= 256 and regs * t.consumers * 128 + LOADER_REGS * 128 <= maxnreg * (4 * t.consumers + 4) * 32
-            assert fits_shared_memory(tile, shared_bytes(tile, d)), tile
+            assert fits_shared_memory(tile, shared_bytes(tile, d, mma_row_sum=True)), tile
     for dv, tiles in STREAM_CONFIGS.items():  # differential attention: D = Dv / 2, or D = Dv = 128
         for tile in tiles:
             assert register_budget(2)[1] == 240, tile
-            assert fits_shared_memory(tile, shared_bytes(tile, max(64, dv // 2), 2, 0, dv)), tile
-    assert any(fits_shared_memory(tile, shared_bytes(tile, 128)) for tile in STREAM_CONFIGS[128])
+            assert fits_shared_memory(tile, shared_bytes(tile, max(64, dv // 2), 2, 0, dv, mma_row_sum=True)), tile
+    assert any(fits_shared_memory(tile, shared_bytes(tile, 128, mma_row_sum=True)) for tile in STREAM_CONFIGS[128])
 
 
 @needs_gluon

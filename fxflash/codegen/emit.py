@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
-from ..config import config, interpreting
+from ..config import KernelOptions, interpreting, kernel_options
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
@@ -97,6 +97,7 @@ class KernelPlan:
                              # sat_ptr), the kernel that recomputes the rows a kernel flagged
     gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
     gluon_refusal: str = ""  # why there is none (explain())
+    options: KernelOptions | None = None  # the settings it was printed with
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -194,8 +195,9 @@ def _frame_scores(frame) -> int:
 
 
 class _Printer:
-    def __init__(self, region: Region, name: str, dv_split: int = 1):
+    def __init__(self, region: Region, name: str, options: KernelOptions, dv_split: int = 1):
         self.r = region
+        self.options = options
         self.labels = _labels(region.nodes)
         self.name = name
         self.dv_split = dv_split
@@ -214,7 +216,7 @@ class _Printer:
         self.affine_idx: dict = {}  # index string → (start, inner index string, step)
         self.in_epilogue = False
         self.output_index = self.output_value = None  # store_through_output_ops's
-        self.prefetch_epilogue = config.prefetch_epilogue  # load the epilogue's inputs before the loop
+        self.prefetch_epilogue = options.prefetch_epilogue  # load the epilogue's inputs before the loop
         self.skips_tiles = False
         self.unclassified: list = []  # KernelPlan.unclassified
         self.full_proved = False   # tile_range classifies full tiles (every mask has an interval)
@@ -402,7 +404,7 @@ class _Printer:
         kernels for it (one per op, the result written and read back) go — on frames of at most
         VECTOR_PRODUCER_MAX_SCORES scores, where those launches cost more than the ops."""
         used = " ".join(e for e in idx if e)
-        if (not config.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1
+        if (not self.options.vector_producers or sum(axis in used for axis in (ROW, COL, DVC)) > 1
                 or _frame_scores(self.frame_shape) > VECTOR_PRODUCER_MAX_SCORES):
             return False
         if (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
@@ -616,14 +618,14 @@ class _Printer:
         if dtype is not None and not all(a.is_literal for a in args):
             code = self.held(f"({code}).to({compute_dtype(dtype)})", node)
         value = self.place(code, varies)
-        folds = config.fold_scale and dtype is not None and dtype.is_floating_point
-        scaled = _positive_scale(p, node, args) if folds else None
+        folds = self.options.fold_scale and dtype is not None and dtype.is_floating_point
+        scaled = _positive_scale(p, node, args, self.options.fold_scale_add) if folds else None
         if scaled is not None:
             base, c = scaled
             if not re.fullmatch(r"\w+", base):
                 base = self.place(base, varies).code
             value = dataclasses.replace(value, scaled=(base, c))
-        if folds and config.fold_scale_add:
+        if folds and self.options.fold_scale_add:
             value = dataclasses.replace(value, row_factor=_row_factor(p, args))
         return value
 
@@ -809,7 +811,7 @@ class _Printer:
         if self.dv_split > 1:
             lines += [f"dvb{x} = {pid} % {self.dv_split}", f"tile{x} = {pid} // {self.dv_split}"]
             pid = f"tile{x}"
-        return lines + [f"mt{x} = n_mt - 1 - {pid} % n_mt" if config.heavy_rows_first else f"mt{x} = {pid} % n_mt",
+        return lines + [f"mt{x} = n_mt - 1 - {pid} % n_mt" if self.options.heavy_rows_first else f"mt{x} = {pid} % n_mt",
                         f"lin{x} = {pid} // n_mt"]
 
     @property
@@ -878,14 +880,14 @@ class _Printer:
 
     def prints_fma(self, hom) -> bool:
         """Is ``E(x − m)`` printed as one multiply-add before ``exp2`` (Homomorphism.apply_fma:
-        16-bit inputs, ``config.exp2_fma``)?"""
-        return hom.apply_fma is not None and config.exp2_fma and self.r.q.node.meta["val"].element_size() == 2
+        16-bit inputs, ``options.exp2_fma``)?"""
+        return hom.apply_fma is not None and self.options.exp2_fma and self.r.q.node.meta["val"].element_size() == 2
 
     def max_in_log2(self, m: fx.Node) -> bool:
         """Is the running maximum ``m`` kept in exp2 units (Homomorphism.apply_log2)? Only a
-        maximum that a homomorphism printed as a multiply-add reads (``config.log2_max``)."""
+        maximum that a homomorphism printed as a multiply-add reads (``options.log2_max``)."""
         hom = self.r.rescales.get(m)
-        return hom is not None and hom.apply_log2 is not None and config.log2_max and self.prints_fma(hom)
+        return hom is not None and hom.apply_log2 is not None and self.options.log2_max and self.prints_fma(hom)
 
     def reduce(self, red) -> None:
         start = len(self.loop)
@@ -1059,10 +1061,10 @@ class _Printer:
 
     def reciprocal_rows(self) -> dict:
         """``{sum: its max}`` for the row sums divided out as one reciprocal per row and one multiply
-        per element (Region.unit_bounded_sums, ``config.row_reciprocal``). The finished sum is NaN
+        per element (Region.unit_bounded_sums, ``options.row_reciprocal``). The finished sum is NaN
         where its maximum's row is all -inf, so a value computed against that same maximum needs
         no NaN select of its own."""
-        if not config.row_reciprocal:
+        if not self.options.row_reciprocal:
             return {}
         scales = {red.node: red.scale for red in self.r.reductions}
         return {node: scales[node] for node in self.r.unit_bounded_sums}
@@ -1072,7 +1074,7 @@ class _Printer:
         scalar loop over tiles; a tensor summarized per tile is one load of its per-tile
         minimum and maximum per chunk, KernelPlan.summaries), into
         ``[lo_t, hi_t)``, the tiles to visit (leading and trailing tiles that a tile mask
-        empties are skipped), and (with ``config.full_tiles``) ``[f_lo, f_hi)`` inside it, a run
+        empties are skipped), and (with ``options.full_tiles``) ``[f_lo, f_hi)`` inside it, a run
         of whole tiles where every
         tile mask is proved to keep every score (visited without evaluating the masks). Tiles
         inside ``[lo_t, hi_t)`` that a mask empties are still visited, masked: sound for any
@@ -1109,7 +1111,7 @@ class _Printer:
         """(vectorizable lines, empty, full): ``empty`` is true for a key tile
         ``[n_lo, n_hi]`` (vectors over tiles) that one of the region's tile masks masks
         everywhere on rows ``[m_lo, m_hi]``; ``full`` (None when not every mask has an
-        interval, or ``config.full_tiles`` is off) is true where every tile mask keeps every
+        interval, or ``options.full_tiles`` is off) is true where every tile mask keeps every
         score. None when no mask has one."""
         from .intervals import IntervalPrinter, NoInterval
 
@@ -1149,7 +1151,7 @@ class _Printer:
         self.skips_tiles = True
         # the interpreter's test shapes have few tiles: small chunks so that they take several
         self.scan = 4 if interpreting() else 128
-        return ip.lines, " & ".join(empty), " & ".join(full) if complete and config.full_tiles else None
+        return ip.lines, " & ".join(empty), " & ".join(full) if complete and self.options.full_tiles else None
 
     def full_tile_loop(self) -> list | None:
         """The loop body for tiles where every tile mask keeps every score: each mask's
@@ -1367,10 +1369,11 @@ def _row_factor(p, args: list) -> tuple | None:
 BIAS_FOLD_RANGE = (2.0 ** -8, 2.0 ** 24)
 
 
-def _plus(node, args, sign: str) -> tuple | None:
+def _plus(node, args, sign: str, past_adds: bool) -> tuple | None:
     """``c·x ± y`` as ``(x ± y/c, c)``, where ``y/c`` costs one operation per row: ``y`` constant
-    along the keys, or ``f·b`` with ``f`` constant along them (Value.row_factor)."""
-    if node.kwargs.get("alpha", 1) != 1 or not config.fold_scale_add or len(args) != 2:
+    along the keys, or ``f·b`` with ``f`` constant along them (Value.row_factor); only
+    ``past_adds`` (options.fold_scale_add)."""
+    if node.kwargs.get("alpha", 1) != 1 or not past_adds or len(args) != 2:
         return None
     for x, y in (args, args[::-1]) if sign == "+" else (args,):  # c·x − y needs x first
         if x.scaled is None or not BIAS_FOLD_RANGE[0] <= x.scaled[1] <= BIAS_FOLD_RANGE[1]:
@@ -1396,23 +1399,24 @@ def _finite_over(code: str, c: float) -> bool:
         return True
 
 
-# How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args).
+# How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args,
+# past_adds), past_adds being options.fold_scale_add.
 SCALE_CARRIERS = {
-    "times": lambda node, a: _times(a[0], _positive_literal(a[1])) or _times(a[1], _positive_literal(a[0])),
-    "over": lambda node, a: (_over(a[0], _positive_literal(a[1]))
-                             if node.kwargs.get("rounding_mode") is None else None),
-    "same": lambda node, a: a[0].scaled,
-    "masked": _masked,
-    "plus": lambda node, a: _plus(node, a, "+"),
-    "minus": lambda node, a: _plus(node, a, "-"),
+    "times": lambda node, a, _: _times(a[0], _positive_literal(a[1])) or _times(a[1], _positive_literal(a[0])),
+    "over": lambda node, a, _: (_over(a[0], _positive_literal(a[1]))
+                                if node.kwargs.get("rounding_mode") is None else None),
+    "same": lambda node, a, _: a[0].scaled,
+    "masked": lambda node, a, _: _masked(node, a),
+    "plus": lambda node, a, past_adds: _plus(node, a, "+", past_adds),
+    "minus": lambda node, a, past_adds: _plus(node, a, "-", past_adds),
 }
 
 
-def _positive_scale(p, node: fx.Node, args: list) -> tuple | None:
+def _positive_scale(p, node: fx.Node, args: list, past_adds: bool) -> tuple | None:
     """``(base, c)`` with the op's result ``= c · base``, ``c > 0`` a constant, when ``p`` keeps a
     positive scale (rules.POSITIVE_SCALE); ``base`` is source, a name or an expression."""
     how = POSITIVE_SCALE.get(p)
-    return SCALE_CARRIERS[how](node, args) if how is not None else None
+    return SCALE_CARRIERS[how](node, args, past_adds) if how is not None else None
 
 
 def _literal_bound(value) -> tuple | None:
@@ -1583,10 +1587,12 @@ def dv_split_of(region: Region) -> int:
     return split
 
 
-def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> KernelPlan:
+def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
+                options: KernelOptions | None = None) -> KernelPlan:
     """Print the Triton kernel of ``region`` (a plain ``@triton.jit`` function whose tile sizes
-    are constexprs) and its candidate tile configurations. Raises Unprintable for an op with
-    no printer."""
+    are constexprs) and its candidate tile configurations, with the kernel settings ``options``
+    (``config``'s now where None). Raises Unprintable for an op with no printer."""
+    options = options or kernel_options()
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1
     # further score contractions hold their Q' and K' tiles too: counted as a wider head dim
@@ -1594,15 +1600,16 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region") -> Ke
     dv_split = dv_split_of(region)
     configs = tile_configs(d, _pow2(region.Dv) // dv_split, elem_bytes, streams, len(region.terms))
     out_dtype = region.output.meta["val"].dtype
-    printer = _Printer(region, name, dv_split)
+    printer = _Printer(region, name, options, dv_split)
     plan = printer.build(kinds, out_dtype, configs)
-    plan.flags, plan.fp_fusion = printer.flags, printer.fma
+    plan.flags, plan.fp_fusion, plan.options = printer.flags, printer.fma, options
     if not plan.flags and elem_bytes != 2:
         return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) whose rows to repair
-    with config.overridden(**EXACT_FORMS):  # eager's form over every key tile (no tile summaries)
-        repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair", dv_split)
-        repair.two_pass, repair.flags_rows = True, False
-        repair.build(kinds, out_dtype, configs)
+    # eager's form over every key tile (no tile summaries)
+    repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair",
+                      dataclasses.replace(options, **EXACT_FORMS), dv_split)
+    repair.two_pass, repair.flags_rows = True, False
+    repair.build(kinds, out_dtype, configs)
     plan.source = printer.source(repair)
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its
     # arguments refer to them by their place among the plan's

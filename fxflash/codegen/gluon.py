@@ -17,7 +17,7 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
   one to one onto Gluon's, ``GLUON_NAMES``), index expressions from the tile's row and key
   indices, tensor inputs loaded at their strides;
 * a [rows, keys] tile of a 16-bit score input (a pair bias, an additive mask) comes with each
-  K tile by TMA (the same barrier and ring slot; ``GluonPlan.tiles``, config.gluon_tma_tiles),
+  K tile by TMA (the same barrier and ring slot; ``GluonPlan.tiles``, options.gluon_tma_tiles),
   each consumer reading its rows back from shared memory instead of loading them per element;
   a [1, keys] vector (the Evoformer's mask bias: ``GluonPlan.vectors``) comes the same way, one
   row for all the item's rows; an output gate in Q's dtype (``GluonPlan.gates``) is read by a
@@ -45,7 +45,7 @@ The online softmax is the region's own rewrite (rules.HOMOMORPHISMS): with ``x =
 score the maximum reads (``c > 0`` folded, Value.scaled) and ``E`` = exp or exp2,
 ``m₂ = max(x')·k``, ``p = 2^(x'·k − m₂)`` with ``k = c·log₂e`` (exp) or ``c`` (exp2),
 ``l = Σ p`` and ``O = Σ p·V`` rescaled by ``2^(m₂_old − m₂_new)``, then ``O·(1/l)`` (``l ≥ 1``:
-the row maximum's term is 1; config.row_reciprocal). A row whose
+the row maximum's term is 1; options.row_reciprocal). A row whose
 every score is -inf gives 0·(1/0) = NaN, as eager's ``exp(-inf − (−inf))`` does. The
 region's output ops (a gate, a transpose) are emit's printer's lines on the consumer's rows
 and columns, stored at the output's strides.
@@ -85,7 +85,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis.ops import packet
-from ..config import config
+from ..config import KernelOptions, kernel_options
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
 from .emit import FLT_MAX as FLT_MAX_F32
@@ -170,7 +170,8 @@ def gluon_tile(tile) -> GluonTile:
     return GluonTile(*tile[1:])
 
 
-def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = None, vectors: int = 0) -> int:
+def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = None, vectors: int = 0, *,
+                 mma_row_sum: bool) -> int:
     """Q tiles of every consumer (two sets on a persistent grid), ``NBUF`` K tiles of each
     stream (head dim ``d``) and V tiles (``dv``, d if None), ``NBUF`` [rows, keys] tiles of each
     of ``tiles`` score inputs read by TMA (GluonPlan.tiles) and ``NBUF`` [1, keys] ones of each of
@@ -179,7 +180,7 @@ def shared_bytes(tile, d: int, elem: int = 2, tiles: int = 0, dv: int | None = N
     one stream hands the other, for one CTA."""
     t = gluon_tile(tile)
     dv = d if dv is None else dv
-    ones = 8 * t.block_n if row_sums_by_mma(tile) else 0
+    ones = 8 * t.block_n if row_sums_by_mma(tile, mma_row_sum) else 0
     kv = t.nbuf * t.block_n * (t.streams * d + dv)
     exchange = 4 * ROWS_PER_CONSUMER * dv if t.streams > 1 else 0
     q = (1 + t.persistent) * t.consumers * t.consumer_rows * d
@@ -194,14 +195,14 @@ def fits_shared_memory(tile, buffers: int) -> bool:
     return alloc <= SHARED_BYTES and gluon_tile(tile).ctas * (alloc + CTA_RESERVED_BYTES) <= SM_SHARED_BYTES
 
 
-def row_sums_by_mma(tile) -> bool:
-    """Does configuration ``tile`` sum each row's ``p`` as ``P·1`` on the tensor cores
-    (config.gluon_mma_row_sum)? Not where two CTAs share an SM: their buffers leave no room for
+def row_sums_by_mma(tile, mma_row_sum: bool) -> bool:
+    """Does configuration ``tile`` sum each row's ``p`` as ``P·1`` on the tensor cores (where the
+    kernel was printed with ``mma_row_sum``, options.gluon_mma_row_sum)? Not where two CTAs share an SM: their buffers leave no room for
     the ones. Not with two softmax streams: there it was 1–5 % slower than adding them up
     (benchmarks/NOTES.md, 2026-11-24). The kernel applies the same rule (``ROW_SUM``
     in ``_attend``; ``MMA_ROW_SUM`` printed off in a two-stream module)."""
     t = gluon_tile(tile)
-    return config.gluon_mma_row_sum and t.ctas == 1 and t.streams == 1
+    return mma_row_sum and t.ctas == 1 and t.streams == 1
 
 
 LOADER_REGS = 24  # registers per thread of the loader's warp group
@@ -471,6 +472,7 @@ class GluonPlan:
     gates: tuple = ()    # (input index, row axis) of an output gate read by TMA into the Q buffers
     store: int | None = None  # the output's row axis where the consumers store their rows by TMA
     streams: int = 1     # softmax streams, each its own consumer (STREAM_CONFIGS)
+    options: KernelOptions | None = None  # the settings it was printed with
 
     def reindexed(self, nodes: list) -> "GluonPlan":
         """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
@@ -500,14 +502,14 @@ def _batch_axes(idx: tuple) -> bool:
 
 
 class _GluonPrinter(_Printer):
-    """emit's printer with one change for the Gluon kernel (config.gluon_tma_tiles): a [rows,
+    """emit's printer with one change for the Gluon kernel (options.gluon_tma_tiles): a [rows,
     keys] tile of a 16-bit tensor input of the score (the Evoformer's pair bias) is not loaded
     per element but read from the shared memory that the loader's TMA filled beside K and V, and
     the epilogue's first [rows, Dv] input in Q's dtype (the Evoformer's gate) from the Q buffer a
     second loader warp filled: their L2 latency then hides behind the loads like K's and V's."""
 
-    def __init__(self, region: Region, name: str):
-        super().__init__(region, name)
+    def __init__(self, region: Region, name: str, options: KernelOptions):
+        super().__init__(region, name, options)
         self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset, a key vector?)
         self.gates: list = []  # at most one: (input index, its row axis, row stride's parameter, batch offset)
 
@@ -530,15 +532,15 @@ class _GluonPrinter(_Printer):
         loader fills each stream's K buffers), the score's (not the epilogue's),
         its last two axes the rows and the keys, every other axis a batch index or broadcast,
         16-bit, traced with contiguous keys and rows apart (not a row broadcast by ``expand``);
-        or with config.gluon_tma_key_vectors a vector of keys of the same kind, one row for all
+        or with options.gluon_tma_key_vectors a vector of keys of the same kind, one row for all
         the item's rows, every axis but the keys a batch index or broadcast (the Evoformer's mask
         bias, [B, N_seq, 1, 1, S], or its mask [B, N_seq, S] where the kernel computes the bias:
         emit's vector_producer); launch_refusal checks each launch's layout (TMA: the rows 16-byte
         aligned)."""
         val = node.meta["val"]
         rows = idx[-2:] == (ROW, COL) and _batch_axes(idx[:-2])
-        vector = config.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1])
-        return (config.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2
+        vector = self.options.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1])
+        return (self.options.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2
                 and (rows or vector) and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
     def is_tma_gate(self, node: fx.Node, idx: tuple) -> bool:
@@ -548,7 +550,7 @@ class _GluonPrinter(_Printer):
         every other a batch index or broadcast, Q's dtype, traced with a contiguous head dim)?"""
         val = node.meta["val"]
         rows = [a for a, e in enumerate(idx) if e == ROW]
-        return (config.gluon_tma_tiles and self.r.split is None
+        return (self.options.gluon_tma_tiles and self.r.split is None
                 and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
                 and self.r.D == self.r.Dv  # the Q buffers it arrives in are [64, D]
                 and len(rows) == 1 and all(e in (None, ROW) or re.fullmatch(r"fb\d+", e) for e in idx[:-1])
@@ -557,7 +559,7 @@ class _GluonPrinter(_Printer):
 
     def tma_store(self) -> tuple | None:
         """``(row axis, its stride's parameter, batch offset, value)`` of the output when each
-        consumer stores its finished rows by TMA through its Q buffer (config.gluon_tma_store), or
+        consumer stores its finished rows by TMA through its Q buffer (options.gluon_tma_store), or
         None: where an output gate arrives in that buffer (``self.gates``, so it is the
         consumer's until the epilogue's end; the gate needs D = Dv, so the buffer holds the rows),
         the stored tile's axes (after the output ops' transposes) are the batch indices, one row
@@ -565,7 +567,7 @@ class _GluonPrinter(_Printer):
         (launch.empty_results allocates it densely in eager's order, so every other axis is then
         whole rows apart or inside one row, as TMA reads a [R, sr] matrix)."""
         index, val = self.output_index, self.r.output.meta["val"]
-        if not (config.gluon_tma_store and self.gates and index and index.count(ROW) == 1 and index[-1] == DVC
+        if not (self.options.gluon_tma_store and self.gates and index and index.count(ROW) == 1 and index[-1] == DVC
                 and all(e == ROW or re.fullmatch(r"fb\d+", e) for e in index[:-1])
                 and val.dtype == self.r.q.node.meta["val"].dtype and _memory_order(val)[-1] == len(index) - 1):
             return None
@@ -574,13 +576,15 @@ class _GluonPrinter(_Printer):
         return axis, f"out_s{axis}", batch, to_gluon(self.output_value)
 
 
-def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> GluonPlan:
+def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
+               options: KernelOptions | None = None) -> GluonPlan:
     """Print the Gluon kernel of ``region`` (``refusal(region)`` must be None), reusing emit's
-    printer for the score DAG and the tile range. Raises Unprintable for an op without a
-    Gluon form."""
+    printer for the score DAG and the tile range, with the kernel settings ``options``
+    (``config``'s now where None). Raises Unprintable for an op without a Gluon form."""
     r = region
     sm = softmax_of(r)
-    pr = _GluonPrinter(r, name)
+    options = options or kernel_options()
+    pr = _GluonPrinter(r, name, options)
     fb = pr.begin(kinds)
     operands = tuple(pr.tensor_input(op.node) for op in (r.q, r.k, r.v))
     rows = []  # _item's lines: each operand's first row in its [rows, D] view, for batch ``lin``
@@ -626,7 +630,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
     # constant (emit's full_tile_loop): a second score function with the masks folded away
     # (not with streams: each stream's score lines are its own)
     pr.loop = loop
-    full = pr.full_tile_loop() if pr.full_proved and config.gluon_full_tiles and not others else None
+    full = pr.full_tile_loop() if pr.full_proved and options.gluon_full_tiles and not others else None
     scores = {"_score": (pre + loop, base), **({"_score_full": (pre + full, base)} if full else {})}
     # a second stream's own score function where its lines differ (its own batch indices), after
     # stream 0's, whose values it may share (a mask the printer computed once; the rest is dead code)
@@ -637,12 +641,13 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon") -> Gluo
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
                      [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights,
                      out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16,
-                     saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype], zero_empty_rows=sm.zero_empty_rows)
+                     saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype], zero_empty_rows=sm.zero_empty_rows,
+                     options=options)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights),
-                     store=out_tma[0] if out_tma else None)
+                     store=out_tma[0] if out_tma else None, options=options)
 
 
 def _stream_lins(pr: _Printer) -> list:
@@ -691,7 +696,7 @@ def attach(plan, region: Region, kinds: dict) -> None:
         why = "its rows could not be repaired where they leave the multiply-add form's range (no repair kernel)"
     if why is None:
         try:
-            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon").reindexed(plan.input_nodes)
+            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon", plan.options).reindexed(plan.input_nodes)
         except Unprintable as exc:
             why = str(exc)
         except Exception as exc:  # noqa: BLE001 - see the docstring
@@ -771,7 +776,7 @@ class _StreamLines:
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
             q_scale=(), weights=(1.0,), out_tma=None, check_acc=True, saturation=SATURATION_LOG2[torch.bfloat16],
-            zero_empty_rows=False) -> str:
+            zero_empty_rows=False, *, options: KernelOptions) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
     ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
@@ -811,7 +816,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     unravel = []
     for i in reversed(range(fb)):
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
-    mt = "n_mt - 1 - item % n_mt" if config.heavy_rows_first else "item % n_mt"
+    mt = "n_mt - 1 - item % n_mt" if options.heavy_rows_first else "item % n_mt"
     body = "\n".join
     lines = [line for code, _ in scores.values() for line in code] + store
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
@@ -847,18 +852,19 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, saturation=repr(saturation), flag_streams=streams.count, check_acc=check_acc,
-        flag_stream="WG" if streams.count > 1 else "0", mma_row_sum=config.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
+        flag_stream="WG" if streams.count > 1 else "0", mma_row_sum=options.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles), store_drain=STORE_DRAIN if out_tma else "", store_alloc=(
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
             "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),
         store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
-        empty_rows_kept=" & (m != float('-inf'))" if zero_empty_rows else "", normalize=_normalize(zero_empty_rows))
+        empty_rows_kept=" & (m != float('-inf'))" if zero_empty_rows else "",
+        normalize=_normalize(zero_empty_rows, options.row_reciprocal))
 
 
-def _normalize(zero_empty_rows: bool) -> str:
-    """``out = acc {normalize}``: by ``1/l`` (config.row_reciprocal) or ``l``; with
+def _normalize(zero_empty_rows: bool, reciprocal: bool) -> str:
+    """``out = acc {normalize}``: by ``1/l`` (``reciprocal``, options.row_reciprocal) or ``l``; with
     ``zero_empty_rows`` a row with ``l = 0`` (every score -inf, ``acc = 0``) gives 0, not 0/0."""
-    if config.row_reciprocal:
+    if reciprocal:
         inverse = "gl.where(l_sum == 0, 0.0, 1.0 / l_sum)" if zero_empty_rows else "1.0 / l_sum"
         return f"* gl.expand_dims(gl.convert_layout({inverse}, o_rows), 1)"
     total = "gl.where(l_sum == 0, 1.0, l_sum)" if zero_empty_rows else "l_sum"
@@ -979,7 +985,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.extra import libdevice
 
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-MMA_ROW_SUM = gl.constexpr({mma_row_sum})  # config.gluon_mma_row_sum (gluon.row_sums_by_mma)
+MMA_ROW_SUM = gl.constexpr({mma_row_sum})  # options.gluon_mma_row_sum (gluon.row_sums_by_mma)
 CHECK_ACC = gl.constexpr({check_acc})  # V is not fp16: Σ E(x − m)·V can overflow where eager's Σ p·V does not
 TILE_LOADS = gl.constexpr({tile_loads_read})  # the consumers read score tiles from the K/V ring (_release)
 {helpers}

@@ -73,7 +73,8 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     if frame[-1] % t.block_n:
         return f"N = {frame[-1]} is not a multiple of the Gluon key tile {t.block_n}"
     elem = inputs[gplan.operands[0]].element_size()
-    if not fits_shared_memory(tile, shared_bytes(tile, gplan.d, elem, rows_tiles, gplan.dv, len(gplan.vectors))):
+    if not fits_shared_memory(tile, shared_bytes(tile, gplan.d, elem, rows_tiles, gplan.dv, len(gplan.vectors),
+                                                  mma_row_sum=gplan.options.gluon_mma_row_sum)):
         return "its buffers exceed shared memory"
     return None
 

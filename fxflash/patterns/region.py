@@ -24,7 +24,7 @@ from ..analysis import GraphAnalysis, OpKind
 from ..analysis.dims import reduction_dims
 from ..analysis.ops import RANDOM, constant_value, packet
 from ..analysis.sketch import dim_name
-from ..config import config
+from ..config import KernelOptions, kernel_options
 from .chains import Chain
 from .sparsity import skippable_masks
 from .rules import (
@@ -534,8 +534,10 @@ def _is_zero(arg) -> bool:
     return constant_value(arg, None) == 0
 
 
-def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
-    """Apply the three transformations to ``chain``; raise FusionRefused where a rule fails."""
+def build_region(analysis: GraphAnalysis, chain: Chain, options: KernelOptions | None = None) -> Region:
+    """Apply the three transformations to ``chain``; raise FusionRefused where a rule fails.
+    ``options``: the kernel settings (``config``'s now where None)."""
+    options = options or kernel_options()
     first, second = chain.first, chain.second
     region_nodes = set(chain.nodes)
     for node in chain.inputs:
@@ -651,7 +653,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain) -> Region:
         split=split, combined=combined, output_ops=list(chain.output_ops),
         side_outputs=list(chain.escapes), squeezed=infer.squeezed, partners=partners, rescales=infer.rescales,
     )
-    region.tile_masks = skippable_masks(region, analysis.kinds) if config.block_sparsity else []
+    region.tile_masks = skippable_masks(region, analysis.kinds) if options.block_sparsity else []
     for mask in region.tile_masks:
         steps.append(Step(TILE_PROGRAM, f"block sparsity: a key tile may be skipped when {mask.condition.name} is "
                                         f"{mask.masked_when} on all of it (scores -inf, every accumulator scaled by exp)"))
