@@ -31,7 +31,7 @@ from bench_attention import (EVOFORMER_BATCHES, SUITES, beyond_cases, case, chec
                              medians)
 
 import fxflash  # noqa: E402
-from fxflash.codegen import tuning  # noqa: E402
+from fxflash.runtime import tuning  # noqa: E402
 
 FIELDS = "setting,variant,B,H,S,D,a_ms,b_ms,b_over_a,device,torch,triton".split(",")
 

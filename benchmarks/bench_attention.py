@@ -44,7 +44,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash import variants as V  # noqa: E402
-from fxflash.codegen import tuning  # noqa: E402
+from fxflash.runtime import tuning  # noqa: E402
 
 FIELDS = "suite,variant,B,H,Hkv,M,N,D,Dv,dtype,system,ms,tflops,peak_mb,device,torch,triton".split(",")
 WINDOW, PREFIX, DOCS = 256, 256, 12
@@ -198,7 +198,7 @@ def measure(call) -> tuple[float, float]:
 
 def tuned_configs() -> str:
     """The tile configuration fxflash's tuner last picked (or read from its cache)."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     if not tuning.history:
         return "none (not tuned)"

@@ -57,7 +57,7 @@ def child(name: str) -> None:
     import torch
 
     import fxflash
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     imported = time.perf_counter() - START
     fn, args = _inputs(name)

@@ -60,7 +60,7 @@ def profile_target(case: str, system: str, seqlen: int, pin: str | None = None) 
     import contextlib
 
     import torch
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     call = calls_for(case, seqlen)[system]
     tile = tuning.tile_of(pin.replace(",", "x")) if pin else None

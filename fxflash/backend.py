@@ -29,8 +29,8 @@ import torch
 
 from . import internal
 from .capture import CaptureError, capture, sdpa
-from .codegen.op import owned
-from .codegen.rewrite import with_direct_calls
+from .runtime.op import owned
+from .runtime.rewrite import with_direct_calls
 from .pipeline import optimize_graph, timed
 from .report import Report
 

@@ -22,7 +22,7 @@ class Config:
                      permissions).
     autotune:        on GPUs, time each kernel's candidate tile configurations at its first
                      launch for a size bucket and remember the fastest in
-                     ``<kernel_cache_dir>/tuning.json`` (codegen/tuning.py); ``FXFLASH_AUTOTUNE=0``
+                     ``<kernel_cache_dir>/tuning.json`` (runtime/tuning.py); ``FXFLASH_AUTOTUNE=0``
                      takes the first candidate untimed.
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by

@@ -40,7 +40,7 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         tile_program=program,
     )
     if region is not None:
-        from .codegen.gluon_launch import GLUON_MIN_KEYS
+        from .runtime.gluon_launch import GLUON_MIN_KEYS
 
         if plan.gluon is None:
             gluon_line = f"Gluon kernel (Hopper): none, {plan.gluon_refusal}"
@@ -130,9 +130,10 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
     ``gm`` itself is left unchanged; the rewrite is a new GraphModule. ``seconds`` holds the
     times of stages run before (capture); the report adds its own stages to it.
     """
-    from .codegen import Unprintable, emit_kernel, load_kernel, replace_region
+    from .codegen import Unprintable, emit_kernel
+    from .runtime import load_kernel, replace_region
     from .codegen import gluon
-    from .codegen.rewrite import copy_graph
+    from .runtime.rewrite import copy_graph
     from .tile import lower
 
     fuse = config.fuse if fuse is None else fuse

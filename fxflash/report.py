@@ -96,7 +96,7 @@ class Report:
     """``explain()``'s answer: ``.regions`` (one RegionReport per candidate), ``.graph`` (the
     captured graph), ``.rewritten`` (the graph with fused regions replaced) and ``.seconds``
     (wall time of each compile stage: capture, analysis, fusion, code generation; the tile
-    tuning of a GPU kernel happens at its first launch and is in ``codegen.tuning.history``)."""
+    tuning of a GPU kernel happens at its first launch and is in ``runtime.tuning.history``)."""
 
     regions: list
     graph: fx.GraphModule | None  # None for a call of several graphs (``parts``)

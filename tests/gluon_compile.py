@@ -28,8 +28,8 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from fxflash.codegen import gluon_launch
-from fxflash.codegen.cache import load_kernel
+from fxflash.runtime import gluon_launch
+from fxflash.runtime.cache import load_kernel
 from fxflash.codegen.gluon import emit_gluon, refusal, register_budget, shared_bytes
 from fxflash.variants import VARIANTS, Shape
 from helpers import REPLY, TRITON_TYPES as TYPES, region_and_kinds

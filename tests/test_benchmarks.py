@@ -114,7 +114,7 @@ def test_probe_edits_keep_each_kernel_s_result(monkeypatch):
 
     import fxflash
     from fxflash import variants as V
-    from fxflash.codegen import op as region_op
+    from fxflash.runtime import op as region_op
 
     import probe_edits
 

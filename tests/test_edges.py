@@ -146,7 +146,7 @@ def test_values_narrower_than_their_tile_are_right_at_every_tile(dv, dtype, devi
     """V's padded Dv columns re-read its last column rather than being masked: a 16-bit V tile
     masked along Dv gave wrong rows and illegal addresses on an H100 at 64-wide tiles (Triton
     3.6). Every candidate tile is run, fused, within eager's error."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, h, w, generator=g).to(dtype).to(device)
@@ -294,10 +294,10 @@ INJECTIONS = [
     ("analysis", "fxflash.pipeline.analyse"),
     ("fusion rules", "fxflash.pipeline.build_region"),
     ("code generation", "fxflash.codegen.emit_kernel"),
-    ("kernel compilation", "fxflash.codegen.load_kernel"),
-    ("rewrite", "fxflash.codegen.replace_region"),
-    ("tuning", "fxflash.codegen.launch.tile_for"),
-    ("launch", "fxflash.codegen.launch.Launcher.__call__"),
+    ("kernel compilation", "fxflash.runtime.load_kernel"),
+    ("rewrite", "fxflash.runtime.replace_region"),
+    ("tuning", "fxflash.runtime.launch.tile_for"),
+    ("launch", "fxflash.runtime.launch.Launcher.__call__"),
 ]
 
 

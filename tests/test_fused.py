@@ -219,7 +219,7 @@ def test_index_arithmetic_is_int32_only_while_it_cannot_overflow():
     args = variant.inputs(SHAPES["odd"])
     (region,) = fxflash.explain(variant.fn, *args).regions
     assert ".to(tl.int32)" in region.source and "tl.int64) * -8.0" not in region.source
-    from fxflash.codegen.op import _REGISTRY
+    from fxflash.runtime.op import _REGISTRY
 
     fast = fxflash.optimize(variant.fn)
     out = fast(*args)

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxflash
-from fxflash.codegen import gluon_launch, tuning
+from fxflash.runtime import gluon_launch, tuning
 from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STORE_DRAIN,
                                    STREAM_CONFIGS, emit_gluon, fits_shared_memory, gluon_tile, register_budget,
                                    row_sums_by_mma, shared_bytes, to_gluon)
-from fxflash.codegen.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
+from fxflash.runtime.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
 from fxflash.variants import VARIANTS, Shape
@@ -453,7 +453,7 @@ def test_heads_inside_a_row_are_accepted_in_the_layouts_users_write():
 
 @needs_gluon
 def test_gluon_configurations_are_offered_on_hopper_only():
-    from fxflash.codegen.op import _REGISTRY
+    from fxflash.runtime.op import _REGISTRY
 
     args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
     fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
@@ -470,7 +470,7 @@ def test_gluon_configurations_are_offered_on_hopper_only():
 def test_the_tuner_times_one_cta_per_item_on_long_rows_and_persistent_grids_on_short_ones(monkeypatch):
     """One-CTA-per-item configurations are offered from GLUON_MIN_KEYS keys up, persistent ones
     below (a Hopper launch stubbed), none with ``config.gluon`` off."""
-    from fxflash.codegen.op import _REGISTRY
+    from fxflash.runtime.op import _REGISTRY
 
     args = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
     fxflash.optimize(VARIANTS["vanilla"].fn)(*args)
@@ -488,7 +488,7 @@ def test_a_persistent_grid_serves_regions_without_tile_masks(monkeypatch):
     each CTA's walk would follow its own items' ranges, and the loader warp cannot classify
     tiles); its grid is at most ``ctas`` CTAs per multiprocessor, coprime with the row blocks
     where the last one leaves a consumer idle."""
-    from fxflash.codegen.op import _REGISTRY
+    from fxflash.runtime.op import _REGISTRY
 
     tile = ("gluon", 1, 128, 2, 0, 2, 1)
     plans = {}
@@ -553,7 +553,7 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
     """Q, K and V as [rows, D] matrices with a consumer's rows (Q) or a key tile (K, V) per TMA
     block; a remembered launch's descriptors pointed at new inputs of the same layout are the
     descriptors those inputs get."""
-    from fxflash.codegen.op import _REGISTRY
+    from fxflash.runtime.op import _REGISTRY
 
     args = VARIANTS["gqa_expand"].inputs(SHAPE, torch.bfloat16)
     fxflash.optimize(VARIANTS["gqa_expand"].fn)(*args)

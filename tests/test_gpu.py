@@ -190,7 +190,7 @@ CANDIDATE_SHAPES = {  # the odd shape unless named; the split's: V 256 wide, two
                                   "evoformer_row"])
 def test_every_candidate_tile_on_gpu(name):
     """Every configuration the tuner may pick compiles on this GPU and keeps eager's accuracy."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     variant = VARIANTS[name.removesuffix("_split")]
     args = variant.inputs(CANDIDATE_SHAPES.get(name, SHAPES["odd"]), torch.bfloat16, "cuda")
@@ -204,7 +204,7 @@ def test_every_candidate_tile_on_gpu(name):
 
 TUNE_AND_REPORT = """
 import json, torch, fxflash
-from fxflash.codegen import tuning
+from fxflash.runtime import tuning
 from fxflash.variants import VARIANTS, Shape
 v = VARIANTS["causal"]
 args = v.inputs(Shape(B=2, H=4, Hkv=4, M=700, N=700, D=64, Dv=64), torch.bfloat16, "cuda")
@@ -393,7 +393,7 @@ def _pinned_call(fast, args, tile):
     """``fast(*args)`` with Gluon configuration ``tile`` pinned; skipped where the region's
     TMA-read score tiles rule the configuration out (its buffers do not fit shared memory, or
     three consumers' 192 rows make no TMA block): the tuner never offers it there."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     try:
         with tuning.pinned(tile):
@@ -463,7 +463,7 @@ def test_persistent_gluon_kernel_walks_items_on_gpu(name, d, tile, monkeypatch):
     """A persistent grid of 3 SMs' worth of CTAs walks every work item (8 or more here, so
     each CTA several, its Q buffers and K/V ring reused across items) and keeps eager's
     accuracy; the next call on the full GPU's grid gives the same result bit for bit."""
-    from fxflash.codegen import gluon_launch, tuning
+    from fxflash.runtime import gluon_launch, tuning
 
     variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[d], torch.bfloat16, "cuda")
@@ -485,7 +485,7 @@ def test_gluon_kernel_reads_heads_inside_long_rows_on_gpu(d, tile):
     """The Evoformer's column attention: Q, K and V are [B, S, H, N_seq, D] views of
     [B, N_seq, S, H, D] tensors, so TMA reads one row per sequence (S·H·D wide) with each
     (residue, head) block at a column of it; 256 sequences make N a multiple of the key tile."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     fn, args = _column_attention(d)
     (region,) = fxflash.explain(fn, *args).regions
@@ -513,7 +513,7 @@ def test_gated_regions_on_persistent_grids_of_every_consumer_count_on_gpu(monkey
     three with ping-pong in 10 of 10 on the column attention (the 2026-11-24 log).
     The row attention's mask bias is loaded per element here (config.gluon_tma_key_vectors off):
     its ring by TMA leaves two consumers' buffers no room, and the gate's race needs them."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
 
     monkeypatch.setattr(fxflash.config, "gluon_tma_key_vectors", False)
 
@@ -553,8 +553,8 @@ def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, ti
     inputs before their folded views (the Evoformer's transposes and unsqueezes, its pair bias
     and gate by TMA); with new inputs of the same layout it reads them (its descriptors pointed
     at them), and it keeps none of the first call's inputs alive."""
-    from fxflash.codegen import gluon_launch, launch
-    from fxflash.codegen.op import _REGISTRY
+    from fxflash.runtime import gluon_launch, launch
+    from fxflash.runtime.op import _REGISTRY
 
     monkeypatch.setattr(fxflash.config, "bind_gluon_launches", True)
     monkeypatch.setattr(launch, "tile_for", lambda plan, inputs, frame, run: tile)
@@ -584,7 +584,7 @@ def test_gluon_kernel_with_folded_full_tiles_on_gpu(name, monkeypatch):
     """``config.gluon_full_tiles``: on (the default) the masks are folded on full tiles
     (``_score_full``, whose accuracy test_generated_gluon_kernel_on_gpu checks); off, every
     visited tile evaluates them and keeps eager's accuracy too."""
-    from fxflash.codegen import tuning
+    from fxflash.runtime import tuning
     from fxflash.config import config
 
     variant = VARIANTS[name]

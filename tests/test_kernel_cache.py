@@ -1,4 +1,4 @@
-"""What fxflash keeps on disk, and what it trusts there (codegen/cache.py, codegen/tuning.py).
+"""What fxflash keeps on disk, and what it trusts there (runtime/cache.py, runtime/tuning.py).
 
 Kernels are compiled from the source the printer made, never imported from a file: a planted
 module or bytecode, or a file swapped while kernels load, never runs. The cache directory is
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fxflash
-from fxflash.codegen import cache, tuning
+from fxflash.runtime import cache, tuning
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_fused
 from test_tuning import CANDIDATES, FakeGPU, choose
@@ -229,7 +229,7 @@ def test_deleted_callables_free_their_regions():
     whose regions stay registered while the optimized callable lives; deleting it frees them."""
     import gc
 
-    from fxflash.codegen import op
+    from fxflash.runtime import op
 
     variant = VARIANTS["vanilla"]
     before = set(op._REGISTRY)

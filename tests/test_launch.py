@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fxflash
-from fxflash.codegen import launch, op, tuning
+from fxflash.runtime import launch, op, tuning
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 

@@ -60,6 +60,7 @@ def test_compile_backend_with_inductor_matches_eager(name):
     assert_fused(recent_reports[-1])
 
 
+@pytest.mark.fusion_independent  # which compiler runs the rest, fused or not
 def test_optimize_runs_the_rest_with_inductor_on_a_gpu_and_eagerly_on_a_cpu():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

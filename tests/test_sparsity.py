@@ -272,7 +272,7 @@ def test_per_batch_document_ids_skip_tiles_from_their_own_summaries():
 @pytest.mark.fusion_independent
 @pytest.mark.parametrize("shape,axis,block", [((45,), 0, 16), ((3, 32), 1, 16), ((5, 7, 2), 1, 4), ((1,), 0, 8)])
 def test_min_max_per_tile(shape, axis, block):
-    from fxflash.codegen.launch import min_max_per_tile
+    from fxflash.runtime.launch import min_max_per_tile
 
     t = torch.randint(-50, 50, shape, generator=torch.Generator().manual_seed(0))
     lo, hi = min_max_per_tile(t, axis, block)

@@ -1,4 +1,4 @@
-"""The tile tuner (codegen/tuning.py): picks the fastest candidate, remembers it on disk, reads
+"""The tile tuner (runtime/tuning.py): picks the fastest candidate, remembers it on disk, reads
 it back in a fresh process, and never lets a bad cache file or a failing tile change a result."""
 import json
 import statistics
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fxflash
-from fxflash.codegen import tuning
+from fxflash.runtime import tuning
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 

@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fxflash.codegen.cache import load_kernel
+from fxflash.runtime.cache import load_kernel
 from fxflash.codegen.emit import emit_kernel
 from fxflash.codegen.printers import GPU_HELPERS
 from fxflash.config import interpreting

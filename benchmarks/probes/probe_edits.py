@@ -27,9 +27,9 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import fxflash  # noqa: E402
-from fxflash.codegen import cache, tuning  # noqa: E402
-from fxflash.codegen import op as region_op  # noqa: E402
-from fxflash.codegen.launch import Launcher  # noqa: E402
+from fxflash.runtime import cache, tuning  # noqa: E402
+from fxflash.runtime import op as region_op  # noqa: E402
+from fxflash.runtime.launch import Launcher  # noqa: E402
 
 sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 from bench_attention import medians, tuned_configs  # noqa: E402

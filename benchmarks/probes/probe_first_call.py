@@ -22,7 +22,7 @@ import hf_llama  # noqa: E402
 
 import fxflash  # noqa: E402,F401 - registers the backend
 from fxflash.backend import recording  # noqa: E402
-from fxflash.codegen import tuning  # noqa: E402
+from fxflash.runtime import tuning  # noqa: E402
 
 
 def main() -> None:

@@ -346,9 +346,9 @@ def main():
     import torch
 
     import fxflash
-    from fxflash.codegen import op as region_op
-    from fxflash.codegen import tuning
-    from fxflash.codegen.launch import Launcher
+    from fxflash.runtime import op as region_op
+    from fxflash.runtime import tuning
+    from fxflash.runtime.launch import Launcher
     from bench_attention import medians
     from tile_sweep import add_case_options, case_of
 

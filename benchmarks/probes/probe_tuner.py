@@ -21,7 +21,8 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 import fxflash  # noqa: E402
-from fxflash.codegen import emit, tuning  # noqa: E402
+from fxflash.codegen import emit  # noqa: E402
+from fxflash.runtime import tuning
 from tile_sweep import case_of  # noqa: E402
 
 CASES = ["causal:16384", "vanilla:16384", "vanilla:4096", "document_mask:16384", "alibi:16384",

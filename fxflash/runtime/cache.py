@@ -8,7 +8,7 @@ source through ``inspect``; the module's lines are registered in ``linecache`` u
 is not a path (``<fxflash kernel k_<hash>>``), which ``linecache`` never looks up on disk. One
 module per distinct source and toolchain (``source_key``), kept for the process.
 
-**The cache directory** (``config.kernel_cache_dir``) holds ``tuning.json`` (codegen/tuning.py).
+**The cache directory** (``config.kernel_cache_dir``) holds ``tuning.json`` (runtime/tuning.py).
 It is trusted only as a directory of this user's alone: created user-only (0700), and an existing
 one that is a symlink, not a directory, owned by another user, or writable by group or others is
 refused with a warning for a private temporary directory, as SSH refuses key files others can

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ..config import config
-from .gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, STREAM_CONFIGS, GluonPlan, fits_shared_memory,
+from ..codegen.gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, STREAM_CONFIGS, GluonPlan, fits_shared_memory,
                     gluon_tile, register_budget, shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from ..internal import InternalError, stage, warn
-from .emit import KernelPlan
+from ..codegen.emit import KernelPlan
 from .launch import Launcher, PinRefused, empty_results, replay_views
 
 

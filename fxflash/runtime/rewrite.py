@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 
 from ..patterns.region import FusionRefused, Region
-from .emit import KernelPlan
+from ..codegen.emit import KernelPlan
 from .launch import FOLDED_VIEWS
 from .op import RegisteredRegion, call_region, owned, register, registered
 

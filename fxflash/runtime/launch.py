@@ -13,8 +13,8 @@ from ..config import config, interpreting
 from ..internal import stage
 from . import gluon_launch, tuning
 from .cache import load_kernel
-from .emit import KernelPlan, block_dims_of
-from .gluon import gluon_tile, is_gluon_tile
+from ..codegen.emit import KernelPlan, block_dims_of
+from ..codegen.gluon import gluon_tile, is_gluon_tile
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
 # threads take turns (compiled GPU kernels launch concurrently).

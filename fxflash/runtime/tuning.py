@@ -61,7 +61,7 @@ import triton
 
 from ..config import config
 from .cache import cache_dir, source_key
-from .gluon import gluon_tile
+from ..codegen.gluon import gluon_tile
 
 log = logging.getLogger("fxflash")
 
