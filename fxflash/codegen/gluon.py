@@ -985,7 +985,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.extra import libdevice
 
 L1D: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-MMA_ROW_SUM = gl.constexpr({mma_row_sum})  # options.gluon_mma_row_sum (gluon.row_sums_by_mma)
+MMA_ROW_SUM = gl.constexpr({mma_row_sum})  # config.gluon_mma_row_sum (gluon.row_sums_by_mma)
 CHECK_ACC = gl.constexpr({check_acc})  # V is not fp16: Σ E(x − m)·V can overflow where eager's Σ p·V does not
 TILE_LOADS = gl.constexpr({tile_loads_read})  # the consumers read score tiles from the K/V ring (_release)
 {helpers}
