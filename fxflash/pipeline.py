@@ -131,7 +131,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
     times of stages run before (capture); the report adds its own stages to it.
     """
     from .codegen import Unprintable, emit_kernel
-    from .runtime import load_kernel, replace_region
+    from .runtime import load_kernel, placement, replace_region
     from .codegen import gluon
     from .runtime.rewrite import copy_graph
     from .tile import lower
@@ -164,10 +164,12 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
                     program = lower(region, analysis.kinds)
                     plan = emit_kernel(region, analysis.kinds, options=options)
                     gluon.attach(plan, region, analysis.kinds)
+                with internal.stage("rewrite", FusionRefused):  # refused, if at all, before compiling
+                    at = placement(rewritten, region, plan, node_map)
                 with internal.stage("kernel compilation"):
                     kernel = load_kernel(plan.source, plan.name)
-                with internal.stage("rewrite", FusionRefused):
-                    replace_region(rewritten, region, plan, kernel, node_map)
+                with internal.stage("rewrite"):
+                    replace_region(rewritten, region, plan, kernel, node_map, at)
         except FusionRefused as exc:
             regions.append(_region_report(analysis, chain, str(exc), exc.rule, exc.node))
             continue

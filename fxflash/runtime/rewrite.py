@@ -140,14 +140,13 @@ def _insertion_point(gm: fx.GraphModule, results: list, region: set) -> fx.Node:
     return results[0]
 
 
-def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel, node_map: dict) -> str:
-    """Insert the custom-op call into ``gm`` (a copy of the analysed graph; ``node_map`` maps
-    the analysed nodes to its nodes) and redirect the region output's users to it. The
-    replaced nodes become dead and are removed by the caller's dead-code elimination."""
+def placement(gm: fx.GraphModule, region: Region, plan: KernelPlan, node_map: dict) -> fx.Node:
+    """Where the region's call goes in ``gm`` (a copy of the analysed graph; ``node_map`` maps the
+    analysed nodes to its nodes): before the first node that reads one of its results from outside
+    it. Raises FusionRefused where an input the kernel reads is computed only after that point; the
+    pipeline asks before it compiles the kernel."""
     results = [region.output, *region.side_outputs]
-    reference, extra = reference_subgraph(results, plan.input_nodes)
     inputs = [node_map[n] for n in plan.input_nodes]
-    sources = [node_map[n] for n in plan.input_nodes] + [n for n in gm.graph.nodes if n.op == "placeholder"]
     inside = {node_map[n] for n in region.nodes}
     at = _insertion_point(gm, [node_map[r] for r in results], inside)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -161,6 +160,19 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
     if late:
         raise FusionRefused("rewrite", late[0], "a value the region returns is used before one of its inputs "
                             "is computed; the region stays as written")
+    return at
+
+
+def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel, node_map: dict,
+                   at: fx.Node) -> str:
+    """Insert the custom-op call into ``gm`` before ``at`` (``placement``) and redirect the region
+    output's users to it. The replaced nodes become dead and are removed by the caller's dead-code
+    elimination."""
+    results = [region.output, *region.side_outputs]
+    reference, extra = reference_subgraph(results, plan.input_nodes)
+    inputs = [node_map[n] for n in plan.input_nodes]
+    sources = inputs + [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inside = {node_map[n] for n in region.nodes}
     with gm.graph.inserting_before(at):
         frame = [_size_arg(gm, s, sources) for s in region.out_frame_shape]
         shapes = [_size_arg(gm, s, sources) for r in results for s in r.meta["val"].shape]
