@@ -214,6 +214,28 @@ def test_torch_compile_dynamic_compiles_once_for_every_length(name):
     assert all(r.fused for r in recent_reports[0].regions)
 
 
+def test_a_symbolic_offset_is_read_at_run_time_so_one_compile_serves_every_length():
+    """A causal mask aligned to the end of the keys, as a cache writes it (query i sees the keys up to
+    i + N − M), reads N − M: under dynamic shapes the kernel takes it as a run-time parameter, where
+    specializing it would guard on its value and compile again at every length."""
+    from fxflash.backend import recent_reports
+
+    def cached(q, k, v):
+        m, n = q.size(-2), k.size(-2)
+        keep = torch.arange(n)[None, :] <= torch.arange(m)[:, None] + (n - m)
+        s = (q @ k.transpose(-1, -2) * q.size(-1) ** -0.5).masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+    torch._dynamo.reset()
+    recent_reports.clear()
+    compiled = torch.compile(cached, backend="fxflash", dynamic=True, options={"inner": "eager"})
+    for n in (20, 29, 37):
+        args = VARIANTS["vanilla"].inputs(dataclasses.replace(SHAPES["odd"], M=7, N=n))
+        assert_accurate(cached, args, compiled(*args))
+    assert len(recent_reports) == 1 and all(r.fused for r in recent_reports[0].regions)
+    assert "sym0" in recent_reports[0].regions[0].source
+
+
 def test_index_arithmetic_is_int32_only_while_it_cannot_overflow():
     variant = VARIANTS["alibi"]
     args = variant.inputs(SHAPES["odd"])

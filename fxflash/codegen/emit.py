@@ -98,6 +98,8 @@ class KernelPlan:
     gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
     gluon_refusal: str = ""  # why there is none (explain())
     options: KernelOptions | None = None  # the settings it was printed with
+    sym_nodes: tuple = ()    # symbolic integers it reads at run time (("symint", j) args): the op's
+                             # last sizes, in this order
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -223,6 +225,7 @@ class _Printer:
         self.scan = 128            # key tiles classified per chunk (tile_range)
         self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
         self.inline_memo: dict = {}
+        self.sym_nodes: list = []  # KernelPlan.sym_nodes
         self.kinds: dict = {}
         self.frame_shape = region.out_frame_shape  # the grid's frame: [*batch, M, N] of P
         fb = len(self.frame_shape) - 2
@@ -352,12 +355,23 @@ class _Printer:
         if a in self.vars:
             return self.vars[a]
         value = a.meta.get("val")
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if isinstance(value, torch.SymInt):
+            return self.sym_int(a)
+        if isinstance(value, (torch.SymFloat, torch.SymBool)):
             if not value.node.has_hint():  # known only at run time
                 return self.place(f"({self.run_time_scalar(a)}).to(tl.float32)", False, "x")
             kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
             return Value(literal(kind(value)), is_literal=True)  # specializes (and guards) on it
         return self.outside(a, self.idx_of(a, idx))
+
+    def sym_int(self, node: fx.Node) -> Value:
+        """A symbolic integer (a length under dynamic shapes: a cache's, a position offset) as a
+        run-time parameter ``sym<j>`` (``("symint", j)``): specialized to its value, it would guard
+        on it, and each other length would compile again (a decode step per token)."""
+        if node not in self.sym_nodes:
+            self.sym_nodes.append(node)
+            self.param(f"sym{len(self.sym_nodes) - 1}", ("symint", len(self.sym_nodes) - 1))
+        return Value(f"sym{self.sym_nodes.index(node)}")
 
     def outside(self, node: fx.Node, idx: tuple) -> Value:
         key = (node, idx, self.in_epilogue)
@@ -761,7 +775,7 @@ class _Printer:
                           partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
                           summaries=tuple(self.summaries), dv_split=self.dv_split,
-                          unclassified=tuple(dict.fromkeys(self.unclassified)))
+                          unclassified=tuple(dict.fromkeys(self.unclassified)), sym_nodes=tuple(self.sym_nodes))
 
     def bounded_accumulation(self) -> bool:
         """Can ``Σ P·V``, with P's row factors deferred past it, overflow only where eager's
@@ -1613,13 +1627,22 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     plan.source = printer.source(repair)
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its
     # arguments refer to them by their place among the plan's
-    if all(n in printer.inputs for n in repair.inputs):
-        at = [printer.inputs.index(n) for n in repair.inputs]
-        plan.repair_args = tuple((spec[0], at[spec[1]], *spec[2:]) if spec[0] in ("ptr", "stride", "size") else spec
+    if all(n in printer.inputs for n in repair.inputs) and all(n in printer.sym_nodes for n in repair.sym_nodes):
+        plan.repair_args = tuple(_reindexed(spec, printer.inputs, repair.inputs, printer.sym_nodes, repair.sym_nodes)
                                  for spec in repair.args)
     elif plan.flags:
-        raise Unprintable("the repair kernel reads a tensor the kernel does not")
+        raise Unprintable("the repair kernel reads a tensor or size the kernel does not")
     return plan
+
+
+def _reindexed(spec: tuple, inputs: list, own_inputs: list, sym_nodes: list, own_sym_nodes: list) -> tuple:
+    """An argument spec of a kernel printed beside the plan's (the repair kernel, the Gluon kernel),
+    its input or symbolic integer referred to by its place among the plan's."""
+    if spec[0] in ("ptr", "stride", "size"):
+        return (spec[0], inputs.index(own_inputs[spec[1]]), *spec[2:])
+    if spec[0] == "symint":
+        return ("symint", sym_nodes.index(own_sym_nodes[spec[1]]))
+    return spec
 
 
 def block_dims_of(plan: KernelPlan) -> dict:

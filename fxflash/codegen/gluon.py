@@ -89,7 +89,8 @@ from ..config import KernelOptions, kernel_options
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LOG2E
 from .emit import FLT_MAX as FLT_MAX_F32
-from .emit import COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype, row_guard
+from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
+                   row_guard)
 from .printers import GPU_HELPERS, Unprintable
 
 aten = torch.ops.aten
@@ -473,13 +474,15 @@ class GluonPlan:
     store: int | None = None  # the output's row axis where the consumers store their rows by TMA
     streams: int = 1     # softmax streams, each its own consumer (STREAM_CONFIGS)
     options: KernelOptions | None = None  # the settings it was printed with
+    sym_nodes: tuple = ()  # the symbolic integers it reads (KernelPlan.sym_nodes)
 
-    def reindexed(self, nodes: list) -> "GluonPlan":
-        """This plan reading its inputs from ``nodes`` (the Triton kernel's inputs, which the
-        op passes to both kernels): every input index mapped. ValueError if one is missing."""
+    def reindexed(self, nodes: list, sym_nodes: tuple) -> "GluonPlan":
+        """This plan reading its inputs from ``nodes`` and its symbolic integers from ``sym_nodes``
+        (the Triton kernel's, which the op passes to both kernels): every index mapped. ValueError
+        if one is missing."""
         new = [nodes.index(n) for n in self.input_nodes]  # every input of a region is the Triton kernel's
-        args = [(spec[0], new[spec[1]], *spec[2:]) if spec[0] in INPUT_ARGS else spec for spec in self.args]
-        return dataclasses.replace(self, args=args, input_nodes=list(nodes),
+        args = [_reindexed(spec, nodes, self.input_nodes, list(sym_nodes), list(self.sym_nodes)) for spec in self.args]
+        return dataclasses.replace(self, args=args, input_nodes=list(nodes), sym_nodes=tuple(sym_nodes),
                                    operands=tuple(new[i] for i in self.operands), tiles=tuple(new[i] for i in self.tiles),
                                    vectors=tuple(new[i] for i in self.vectors),
                                    gates=tuple((new[i], axis) for i, axis in self.gates),
@@ -493,7 +496,6 @@ class GluonPlan:
         return max(self.d, self.dv)
 
 
-INPUT_ARGS = ("ptr", "stride", "size")  # KernelPlan.args kinds whose second entry is an input index
 
 
 def _batch_axes(idx: tuple) -> bool:
@@ -647,7 +649,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
                      dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights),
-                     store=out_tma[0] if out_tma else None, options=options)
+                     store=out_tma[0] if out_tma else None, options=options, sym_nodes=tuple(pr.sym_nodes))
 
 
 def _stream_lins(pr: _Printer) -> list:
@@ -696,7 +698,8 @@ def attach(plan, region: Region, kinds: dict) -> None:
         why = "its rows could not be repaired where they leave the multiply-add form's range (no repair kernel)"
     if why is None:
         try:
-            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon", plan.options).reindexed(plan.input_nodes)
+            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon", plan.options).reindexed(
+                plan.input_nodes, plan.sym_nodes)
         except Unprintable as exc:
             why = str(exc)
         except Exception as exc:  # noqa: BLE001 - see the docstring

@@ -107,8 +107,9 @@ class IntervalPrinter:
                 return _int(str(node), str(node))
             raise NoInterval(f"literal {node!r}")
         value = node.meta.get("val")
-        if isinstance(value, torch.SymInt):  # a symbolic size: specialized like the kernel body
-            return _int(str(int(value)), str(int(value)))
+        if isinstance(value, torch.SymInt):  # a symbolic size: the kernel's run-time parameter
+            code = self.p.sym_int(node).code
+            return _int(code, code)
         if self.p.kinds.get(node) is not OpKind.INDEX:
             return self.of_tensor(node, idx)
         p = packet(node.target)

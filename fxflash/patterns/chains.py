@@ -18,6 +18,7 @@ import dataclasses
 import networkx as nx
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..analysis import GraphAnalysis, OpKind
 from ..analysis.dims import reduction_dims
@@ -118,7 +119,8 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
 
     other = [n for n in between if analysis.kinds[n] not in INNER_KINDS]
     if _contracted_dim(analysis, second) != demoted:
-        if other and _shape_of(second.args[0])[-1] == _shape_of(first)[-1]:
+        # a symbolic size compares without a guard (a guard would compile again at the other sizes)
+        if other and statically_known_true(_shape_of(second.args[0])[-1] == _shape_of(first)[-1]):
             n = min(other, key=order.__getitem__)
             return near_miss(f"{n.name} ({n.target}) between the contractions hides whether the consumer "
                              "contracts the producer's key axis", n)

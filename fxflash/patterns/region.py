@@ -19,6 +19,7 @@ import math
 import networkx as nx
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..analysis import GraphAnalysis, OpKind
 from ..analysis.dims import reduction_dims
@@ -217,6 +218,12 @@ def _shape(node) -> tuple:
     return tuple(node.meta["val"].shape)
 
 
+def _same(a: tuple, b: tuple) -> bool:
+    """Are the shapes ``a`` and ``b`` equal for every value of their symbolic sizes? Compared without a
+    guard: a guard on a length (``s + 1 != 16``) would compile the graph again at that length."""
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
 def _is(node, *packets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) in packets
 
@@ -337,7 +344,7 @@ MAX_STREAMS = 4  # streams are unrolled in the kernel: each holds its own Q tile
 
 def _stream_split(frame_shape: tuple, out_shape: tuple, region_nodes: set) -> StreamSplit:
     for view in region_nodes:
-        if not _is(view, aten.view, aten._unsafe_view, aten.reshape) or _shape(view.args[0]) != frame_shape:
+        if not _is(view, aten.view, aten._unsafe_view, aten.reshape) or not _same(_shape(view.args[0]), frame_shape):
             continue
         vs = _shape(view)
         users = list(view.users)
@@ -348,7 +355,7 @@ def _stream_split(frame_shape: tuple, out_shape: tuple, region_nodes: set) -> St
         if len(a) != 1:
             continue
         (a,) = a
-        if a >= len(vs) - 2 or vs[:a] + vs[a + 1:] != out_shape:
+        if a >= len(vs) - 2 or not _same(vs[:a] + vs[a + 1:], out_shape):
             continue
         count = int(vs[a])
         inner = a >= 1 and vs[a - 1] * vs[a] == frame_shape[a - 1] and vs[:a - 1] == frame_shape[:a - 1] \
@@ -562,7 +569,7 @@ def build_region(analysis: GraphAnalysis, chain: Chain, options: KernelOptions |
     frame_shape = _shape(frame)
     p_node, p_walk = _p_in_frame(second, region_nodes)
     out_shape = _shape(p_node)
-    split = None if out_shape == frame_shape else _stream_split(frame_shape, out_shape, region_nodes)
+    split = None if _same(out_shape, frame_shape) else _stream_split(frame_shape, out_shape, region_nodes)
     after = nx.descendants(analysis.dataflow, second)
     tail = [n for n in chain.nodes if n is second or n in after]  # the consumer and its output ops
     infer = _FormInference(frame, N, split)

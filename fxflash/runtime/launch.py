@@ -121,8 +121,9 @@ class LaunchValues:
     """What the run-time parameters of one launch are read from (strides and shapes read once,
     when a parameter first needs them)."""
 
-    def __init__(self, inputs, frame, out, sides, summaries):
+    def __init__(self, inputs, frame, out, sides, summaries, symints=()):
         self.inputs, self.frame, self.out, self.sides, self.summaries = inputs, frame, out, sides, summaries
+        self.symints = symints  # the values of the plan's sym_nodes, this call's
 
     @functools.cached_property
     def strides(self):
@@ -147,6 +148,7 @@ ARG_SOURCES = {
     "side": lambda spec, v: v.sides[spec[1]],
     "summary": lambda spec, v: v.summaries[spec[1]][spec[2]],
     "summary_stride": lambda spec, v: v.summaries[spec[1]][0].stride(spec[2]),
+    "symint": lambda spec, v: v.symints[spec[1]],
 }
 TENSOR_KINDS = ("ptr", "side", "summary")  # the parameters a bound launch fills in at each call
 
@@ -165,11 +167,11 @@ def _filled(template: list, slots: list, values: LaunchValues) -> list:
     return args
 
 
-def _gluon_args(gplan, tile, inputs, frame, out, sides) -> list:
+def _gluon_args(gplan, tile, inputs, frame, out, sides, symints) -> list:
     """The values of ``gplan.args`` for a Gluon launch with configuration ``tile`` (tile summaries
     per key tile of that configuration)."""
     summaries = tile_summaries(gplan, inputs, gluon_tile(tile).block_n)
-    return _kernel_args(gplan.args, LaunchValues(inputs, frame, out, sides, summaries))
+    return _kernel_args(gplan.args, LaunchValues(inputs, frame, out, sides, summaries, symints))
 
 
 class BoundLaunch:
@@ -240,8 +242,8 @@ class BoundGluonLaunch:
     the views once). A plan with tile summaries takes its views and every argument at each call
     (a summary is taken along the view's axes)."""
 
-    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple, repair):
-        self.plan, self.tile, self.frame, self.views = plan, tile, frame, views
+    def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple, repair, symints):
+        self.plan, self.tile, self.frame, self.views, self.symints = plan, tile, frame, views, symints
         self.repair = repair    # the repair kernel's BoundLaunch
         self.runner = runner    # the compiled kernel indexed by its grid
         self.tail = tail        # the compile-time arguments, in the kernel's order
@@ -250,7 +252,7 @@ class BoundGluonLaunch:
         self.slots = [(j, spec) for j, spec in enumerate(plan.gluon.args) if spec[0] in TENSOR_KINDS]
 
     @classmethod
-    def of(cls, launcher, tile, frame, views, inputs, out, launched) -> BoundGluonLaunch | None:
+    def of(cls, launcher, tile, frame, views, inputs, out, launched, symints) -> BoundGluonLaunch | None:
         """The launch just made (Gluon's compiled kernel, and the repair launch's (compiled, grid,
         args)), or None where Triton's objects do not have the expected form."""
         compiled, repair = launched
@@ -266,12 +268,12 @@ class BoundGluonLaunch:
         grid = gluon_launch.grid(tile, frame, inputs[0].device)
         descs = gluon_launch.descriptors(launcher.plan.gluon, tile, inputs, out)
         return cls(launcher.plan, tile, frame, views, compiled[(*grid, 1, 1)[:3]], list(consts.values()),
-                   tuple(gluon_launch.rebased(d, None) for d in descs), repair)
+                   tuple(gluon_launch.rebased(d, None) for d in descs), repair, symints)
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
         if self.template is None or gplan.summaries:
-            args = _gluon_args(gplan, self.tile, replay_views(inputs, self.views), self.frame, out, sides)
+            args = _gluon_args(gplan, self.tile, replay_views(inputs, self.views), self.frame, out, sides, self.symints)
             if not gplan.summaries:
                 self.template = [None if spec[0] in TENSOR_KINDS else a for a, spec in zip(args, gplan.args)]
         else:
@@ -323,7 +325,7 @@ class Launcher:
         return {**block_dims_of(self.plan), "BLOCK_M": REPAIR_TILE[0], "BLOCK_N": REPAIR_TILE[1],
                 "SAT_STREAMS": streams, "REPAIR_SCAN": REPAIR_SCAN}
 
-    def run_gluon(self, tile, inputs, frame, out, sides):
+    def run_gluon(self, tile, inputs, frame, out, sides, symints):
         """Launch the Gluon kernel with configuration ``tile`` (one the tuner offered, or pinned),
         then the repair kernel over the rows it flagged; returns (Triton's compiled Gluon kernel,
         the repair launch's (compiled kernel, grid, arguments))."""
@@ -334,10 +336,10 @@ class Launcher:
         flags = repair_flags(frame, out, _gluon_streams(self.plan))
         with _launching():
             compiled = gluon_launch.launch(gplan, self.gluon_kernel, tile, inputs, frame, out, flags,
-                                           _gluon_args(gplan, tile, inputs, frame, out, sides))
-            return compiled, self.run_repair(inputs, frame, out, sides, flags, _gluon_streams(self.plan))
+                                           _gluon_args(gplan, tile, inputs, frame, out, sides, symints))
+            return compiled, self.run_repair(inputs, frame, out, sides, flags, symints, _gluon_streams(self.plan))
 
-    def run_repair(self, inputs, frame, out, sides, flags, streams: int = 1) -> tuple:
+    def run_repair(self, inputs, frame, out, sides, flags, symints, streams: int = 1) -> tuple:
         """Launch the repair kernel: programs whose rows are flagged recompute them in eager's own
         form (the others return at once), without fp contraction (a multiply fused into a
         subtraction would round differently from the maximum it is compared with). Returns
@@ -345,7 +347,7 @@ class Launcher:
         bm, _, warps, stages = REPAIR_TILE
         tiles = triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * self.plan.dv_split
         grid = (max(1, min(triton.cdiv(tiles, REPAIR_SCAN), REPAIR_PROGRAMS * _multiprocessors(out.device))),)
-        args = _kernel_args(self.plan.repair_args, LaunchValues(inputs, frame, out, sides, ()))
+        args = _kernel_args(self.plan.repair_args, LaunchValues(inputs, frame, out, sides, (), symints))
         compiled = self.repair_kernel[grid](out, flags, *args, **self.repair_constexprs(streams), num_warps=warps,
                                             num_stages=stages, enable_fp_fusion=False)
         return compiled, grid, args
@@ -357,12 +359,14 @@ class Launcher:
         (``replay_views``; a bound launch reads the bases, which share the views' pointers).
         Returns [result, *row values]."""
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
+        # the op's last sizes are the symbolic integers the kernel reads (KernelPlan.sym_nodes)
+        symints = tuple(sizes[len(sizes) - len(self.plan.sym_nodes):]) if self.plan.sym_nodes else ()
         key = self.layout_key(inputs, sizes, out, sides, views)
         bound = self.bound.get(key) if key is not None else None
         if bound is not None:
             bound.launch(out, inputs, sides)
         else:
-            self.first_launch(key, replay_views(inputs, views), frame, out, sides, views)
+            self.first_launch(key, replay_views(inputs, views), frame, out, sides, views, symints)
         return [out, *sides]
 
     @staticmethod
@@ -378,7 +382,7 @@ class Launcher:
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
-    def first_launch(self, key, inputs, frame, out, sides, views=None) -> None:
+    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=()) -> None:
         plan, kernel = self.plan, self.kernel
         batch = math.prod(frame[:-2])
         dims = block_dims_of(plan)
@@ -390,20 +394,20 @@ class Launcher:
                 timed[tile].launch(out, inputs, sides)
                 return
             if is_gluon_tile(tile):
-                launched[tile] = self.run_gluon(tile, inputs, frame, out, sides)
+                launched[tile] = self.run_gluon(tile, inputs, frame, out, sides, symints)
             else:
                 bm, bn, warps, stages = tile
                 grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
                 args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides,
-                                                            tile_summaries(plan, inputs, bn)))
+                                                            tile_summaries(plan, inputs, bn), symints))
                 flags = [repair_flags(frame, out)] if plan.flags else []
                 with _launching():
                     # a kernel in eager's own form runs without fp contraction, as the repair kernel
                     compiled = kernel[grid](out, *flags, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                             num_stages=stages, enable_fp_fusion=plan.fp_fusion)
-                    repair = self.run_repair(inputs, frame, out, sides, flags[0]) if flags else None
+                    repair = self.run_repair(inputs, frame, out, sides, flags[0], symints) if flags else None
                 launched[tile] = (compiled, grid, args, repair)
-            bound = self.bound_for(tile, launched[tile], inputs, out, frame) if key is not None else None
+            bound = self.bound_for(tile, launched[tile], inputs, out, frame, symints=symints) if key is not None else None
             if bound is not None:
                 timed[tile] = bound
 
@@ -412,20 +416,21 @@ class Launcher:
         run(tile)
         if key is None or torch.cuda.is_current_stream_capturing():
             return
-        bound = self.bound_for(tile, launched[tile], inputs, out, frame, views)
+        bound = self.bound_for(tile, launched[tile], inputs, out, frame, views, symints)
         if bound is not None:
             if len(self.bound) >= self.CAPACITY:
                 self.bound.clear()
             self.bound[key] = bound
 
-    def bound_for(self, tile, launched, inputs, out, frame, views=None) -> BoundLaunch | BoundRepaired | BoundGluonLaunch | None:
+    def bound_for(self, tile, launched, inputs, out, frame, views=None,
+                  symints=()) -> BoundLaunch | BoundRepaired | BoundGluonLaunch | None:
         """The launch of ``tile`` just made (``launched``: what the Triton or Gluon JIT launch
         returned) as a bound launch, or None. Bound launches of the tiles the tuner times are
         what it times after each tile's first launch: a layout's later calls run bound, and the
         JIT's host time (~0.3 ms for a Gluon launch) would otherwise outlast a short kernel and
         be timed with it. With ``views``, the bound launch reads the inputs before them."""
         if is_gluon_tile(tile):
-            return (BoundGluonLaunch.of(self, tile, frame, views, inputs, out, launched)
+            return (BoundGluonLaunch.of(self, tile, frame, views, inputs, out, launched, symints)
                     if config.bind_gluon_launches else None)
         compiled, grid, args, repair = launched
         main = self.bind(compiled, grid, args, {**block_dims_of(self.plan), "BLOCK_M": tile[0], "BLOCK_N": tile[1]})

@@ -3,7 +3,7 @@
 ``region(key, inputs, sizes, scalars)`` runs the generated kernel registered under ``key`` on
 ``inputs`` (the tensors the kernel reads). ``sizes`` holds the frame sizes ``[*batch, M, N]``,
 then the shapes of the results, then the integer sizes the region's own ops read (symbolic
-under ``dynamic=True``); ``scalars`` the float values they read (``size(-1) ** -0.5``). It
+under ``dynamic=True``), then those the kernel reads at run time (``KernelPlan.sym_nodes``); ``scalars`` the float values they read (``size(-1) ** -0.5``). It
 returns ``[result, *row values]``: the result is a new tensor, contiguous or in eager's
 layout of the region's last op; the row values (a logsumexp returned by the user's code)
 are contiguous. Its fake implementation gives the shape and

@@ -179,7 +179,9 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         ranks = tuple(r.meta["val"].dim() for r in results)
         key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float), gm)
-        sizes = frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
+        # the reference's integers, then the kernel's (KernelPlan.sym_nodes: the launch reads the last ones)
+        sizes = (frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
+                 + [node_map[n] for n in plan.sym_nodes])
         scalars = [node_map[n] for n, f in zip(extra, is_float) if f]
         call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes, scalars))
         call.meta["val"] = [r.meta["val"] for r in results]
