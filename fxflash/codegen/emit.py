@@ -32,7 +32,7 @@ from ..config import KernelOptions, interpreting, kernel_options
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
-from .printers import GPU_HELPERS, HELPERS, PRINTERS, TRITON_DTYPES, Unprintable, compute_dtype, literal
+from .printers import GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TRITON_DTYPES, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -1266,7 +1266,9 @@ class _Printer:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
                                                ("SAT_STREAMS: tl.constexpr", "REPAIR_SCAN: tl.constexpr"))]
         helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
-        used = [src for name, src in helpers.items() if any(f"{name}(" in line for line in functions)]
+        called = {name for name in helpers if any(f"{name}(" in line for line in functions)}
+        called |= {callee for name in called for callee in HELPER_CALLS.get(name, ())}
+        used = [src for name, src in helpers.items() if name in called]
         return "\n".join([
             "import triton",
             "import triton.language as tl",

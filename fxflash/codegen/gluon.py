@@ -92,6 +92,7 @@ from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
                    row_guard)
 from .printers import GPU_HELPERS, Unprintable
+from .printers import HELPERS as TRITON_HELPERS
 
 aten = torch.ops.aten
 
@@ -823,6 +824,9 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     body = "\n".join
     lines = [line for code, _ in scores.values() for line in code] + store
     helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
+    missing = [name for name in TRITON_HELPERS if name not in HELPERS and any(f"{name}(" in line for line in lines)]
+    if missing:
+        raise Unprintable(f"no Gluon form of {missing[0]} yet")
     score_fns = "\n\n\n".join(SCORE_FN.format(fn=fn, tiles="".join(t + ", " for t in names), fbs=fbs, sp=sp, x=x,
                                                  lines=body("    " + line for line in code))
                              for fn, (code, x) in scores.items())

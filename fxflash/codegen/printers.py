@@ -149,6 +149,35 @@ def _not(a, node):
     return f"({a[0]} == 0)" if node.meta["val"].dtype is torch.bool else f"(~{a[0]})"
 
 
+def _floating(node) -> bool:
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    return val is None or val.dtype.is_floating_point
+
+
+def _sign(a, node):
+    # 0 and NaN are their own sign
+    return f"tl.where({a[0]} > 0, 1, tl.where({a[0]} < 0, -1, {a[0]}))"
+
+
+def _trunc(a, node):
+    return f"tl.where({a[0]} < 0, tl.ceil({a[0]}), tl.floor({a[0]}))" if _floating(node) else a[0]
+
+
+def _round(a, node):
+    decimals = node.kwargs.get("decimals", node.args[1] if len(node.args) > 1 else 0)
+    if decimals != 0:
+        raise Unprintable(f"round to {decimals!r} decimals")
+    return f"_fx_rint({a[0]})" if _floating(node) else a[0]
+
+
+def _fmod(a, node):
+    """``x − c·trunc(x / c)`` of integers by a positive literal (the remainder with the sign of x). A
+    float fmod is exact in eager and would not be here: it stays eager's."""
+    c = positive_int_divisor(node)
+    r = python_mod_code(a[0], c)
+    return f"tl.where(({a[0]} < 0) & ({r} != 0), {r} - {c}, {r})"
+
+
 PRINTERS = {
     aten.add: _add,
     aten.sub: _sub,
@@ -194,6 +223,26 @@ PRINTERS = {
     aten.bitwise_not: _not,
     aten.clone: _unary("{}"),
     aten.alias: _unary("{}"),
+    aten.isnan: lambda a, node: f"({a[0]} != {a[0]})",
+    aten.isinf: _unary("(tl.abs({}) == float('inf'))"),
+    aten.logical_xor: _binary("(({} != 0) ^ ({} != 0))"),
+    aten.sign: _sign,
+    aten.trunc: _trunc,
+    aten.round: _round,
+    aten.fmod: _fmod,
+    aten.log10: _unary("(tl.log({}) * 0.4342944819032518)"),
+    aten.log1p: _unary("_fx_log1p({})"),
+    aten.expm1: _unary("_fx_expm1({})"),
+    aten.sinh: _unary("_fx_sinh({})"),
+    aten.cosh: _unary("_fx_cosh({})"),
+    aten.tan: lambda a, node: f"(tl.sin({a[0]}) / tl.cos({a[0]}))",
+    aten.atan: _unary("_fx_atan({})"),
+    aten.atan2: _binary("_fx_atan2({}, {})"),
+    aten.asin: _unary("_fx_asin({})"),
+    aten.acos: _unary("_fx_acos({})"),
+    aten.asinh: _unary("_fx_asinh({})"),
+    aten.acosh: _unary("_fx_acosh({})"),
+    aten.atanh: _unary("_fx_atanh({})"),
 }
 
 # Helper functions a generated module defines when its kernel calls them: name → source.
@@ -252,3 +301,140 @@ def _fx_round_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 """,
 }
+
+# The functions of the pointwise math ops without a tl form, in fp32, for the interpreter and GPUs
+# alike: each avoids the cancellation and the overflow of its textbook formula (a value eager keeps
+# finite stays finite: sinh and cosh of 89 are 2.2e38).
+MATH_HELPERS = {
+    "_fx_rint": """
+@triton.jit
+def _fx_rint(x):
+    # to nearest, ties to even: adding and subtracting 2^23 rounds the fraction away in fp32
+    # arithmetic (round to nearest even); from 2^23 on every fp32 is an integer
+    a = tl.abs(x)
+    r = (a + 8388608.0) - 8388608.0
+    r = tl.where(a < 8388608.0, r, a)
+    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)  # the sign bit: -0.0 and -0.4 round to -0.0
+""",
+    "_fx_log1p": """
+@triton.jit
+def _fx_log1p(x):
+    # log(1 + x) = log(u)·x/(u − 1) with u = 1 + x rounded (Goldberg): exact to a few ulp for small x
+    # (each branch is computed on operands it is defined for: nothing divides by zero)
+    u = 1.0 + x
+    d = u - 1.0
+    ok = (d != 0.0) & (u > 0.0) & (u != float('inf'))
+    r = tl.log(tl.where(ok, u, 2.0)) * (x / tl.where(ok, d, 1.0))
+    r = tl.where(ok, r, tl.where(u == 0.0, float('-inf'), tl.where(u < 0.0, float('nan'), tl.where(d == 0.0, x, u))))
+    return tl.where(x != x, x, r)
+""",
+    "_fx_expm1": """
+@triton.jit
+def _fx_expm1(x):
+    # exp(x) − 1 = (u − 1)·x/log(u) with u = exp(x) rounded (Kahan)
+    u = tl.exp(x)
+    ok = (u != 1.0) & (u != 0.0) & (u != float('inf'))
+    r = (u - 1.0) * (x / tl.log(tl.where(ok, u, 2.0)))
+    return tl.where(ok, r, tl.where(u == 1.0, x, u - 1.0))
+""",
+    "_fx_sinh": """
+@triton.jit
+def _fx_sinh(x):
+    # (E + E/(E + 1))/2 with E = expm1(|x|); beyond 88, e^|x|/2 as h·(h/2), h = e^(|x|/2), which
+    # overflows only where e^|x|/2 does (exp(|x| − ln 2) would round its argument: 12 ulp at 88)
+    a = tl.abs(x)
+    small = a < 88.0
+    e = _fx_expm1(tl.where(small, a, 0.0))
+    h = tl.exp(0.5 * a)
+    s = tl.where(small, 0.5 * (e + e / (e + 1.0)), h * (0.5 * h))
+    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -s, s)
+""",
+    "_fx_cosh": """
+@triton.jit
+def _fx_cosh(x):
+    # E + 1/(4E) with E = e^|x|/2 = h·(h/2), h = e^(|x|/2): finite wherever cosh is
+    h = tl.exp(0.5 * tl.abs(x))
+    e = h * (0.5 * h)
+    return e + 0.25 / e
+""",
+    "_fx_atan": """
+@triton.jit
+def _fx_atan(x):
+    # Cephes' atanf: |x| reduced to [0, tan(pi/8)] by atan(a) = pi/2 − atan(1/a) above tan(3pi/8)
+    # and pi/4 + atan((a − 1)/(a + 1)) above tan(pi/8), then an odd polynomial
+    a = tl.abs(x)
+    big = a > 2.414213562373095
+    mid = (a > 0.4142135623730950) & (a <= 2.414213562373095)
+    t = tl.where(big, -1.0 / tl.where(big, a, 1.0), tl.where(mid, (a - 1.0) / (a + 1.0), a))
+    y0 = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    z = t * t
+    p = ((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1
+    r = y0 + (p * z * t + t)
+    r = tl.where(a == float('inf'), 1.5707963267948966, r)
+    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+""",
+    "_fx_atan2": """
+@triton.jit
+def _fx_atan2(y, x):
+    # the angle of min/max of |y|, |x| (pi/4 where both are infinite), moved to its octant; the
+    # signs of zeros count (atan2(0, -0) = pi, atan2(-0, x) = -0)
+    ay = tl.abs(y)
+    ax = tl.abs(x)
+    hi = tl.maximum(ax, ay)
+    lo = tl.minimum(ax, ay)
+    both_inf = (ax == float('inf')) & (ay == float('inf'))
+    q = tl.where(hi == 0.0, 0.0, tl.where(both_inf, 1.0, lo / tl.where((hi == 0.0) | both_inf, 1.0, hi)))
+    t = _fx_atan(q)
+    t = tl.where(ay > ax, 1.5707963267948966 - t, t)
+    x_neg = (x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1
+    t = tl.where(x_neg, 3.141592653589793 - t, t)
+    y_neg = (y.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1
+    t = tl.where(y_neg, -t, t)
+    return tl.where((x != x) | (y != y), x + y, t)
+""",
+    "_fx_asin": """
+@triton.jit
+def _fx_asin(x):
+    return _fx_atan2(x, tl.sqrt((1.0 - x) * (1.0 + x)))
+""",
+    "_fx_acos": """
+@triton.jit
+def _fx_acos(x):
+    return _fx_atan2(tl.sqrt((1.0 - x) * (1.0 + x)), x)
+""",
+    "_fx_asinh": """
+@triton.jit
+def _fx_asinh(x):
+    # log1p(a + a²/(1 + sqrt(1 + a²))) for a = |x|; beyond 2^28, log(a) + ln 2 (a² would overflow)
+    a = tl.abs(x)
+    small = a < 268435456.0
+    b = tl.where(small, a, 0.0)
+    r = tl.where(small, _fx_log1p(b + b * b / (1.0 + tl.sqrt(1.0 + b * b))),
+                 tl.log(tl.where(small, 1.0, a)) + 0.6931471805599453)
+    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+""",
+    "_fx_acosh": """
+@triton.jit
+def _fx_acosh(x):
+    # log1p(t + sqrt(2t + t²)) for t = x − 1; beyond 2^28, log(x) + ln 2; NaN below 1
+    small = x < 268435456.0
+    u = tl.where(small & (x >= 1.0), x - 1.0, 0.0)
+    r = tl.where(small, _fx_log1p(u + tl.sqrt(2.0 * u + u * u)), tl.log(tl.where(small, 1.0, x)) + 0.6931471805599453)
+    return tl.where((x < 1.0) | (x != x), float('nan'), r)
+""",
+    "_fx_atanh": """
+@triton.jit
+def _fx_atanh(x):
+    # sign(x)·0.5·log1p(2a/(1 − a)), a = |x| (1 − a is exact near 1); ±inf at ±1, NaN beyond
+    a = tl.abs(x)
+    inside = a < 1.0
+    r = 0.5 * _fx_log1p(2.0 * a / (1.0 - tl.where(inside, a, 0.0)))
+    r = tl.where(inside, r, tl.where(a == 1.0, float('inf'), float('nan')))
+    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+""",
+}
+HELPERS.update(MATH_HELPERS)
+# a helper may call another: each one's callees, defined before it in the module
+HELPER_CALLS = {"_fx_sinh": ("_fx_expm1",), "_fx_atan2": ("_fx_atan",), "_fx_asin": ("_fx_atan2", "_fx_atan"),
+                "_fx_acos": ("_fx_atan2", "_fx_atan"), "_fx_asinh": ("_fx_log1p",), "_fx_acosh": ("_fx_log1p",),
+                "_fx_atanh": ("_fx_log1p",)}
