@@ -32,6 +32,7 @@ DECOMPOSED_OPS = [
     aten.clamp_min,
     aten.clamp_max,
     aten.baddbmm,  # beta·input + alpha·(b1 @ b2): BLOOM's ALiBi scores
+    aten.nan_to_num,  # where(isnan, 0, where(x = ±inf, ±finfo.max, x)): the Diff Transformer's scores
 ]
 
 

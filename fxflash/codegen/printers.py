@@ -225,6 +225,8 @@ PRINTERS = {
     aten.alias: _unary("{}"),
     aten.isnan: lambda a, node: f"({a[0]} != {a[0]})",
     aten.isinf: _unary("(tl.abs({}) == float('inf'))"),
+    aten.isposinf: _unary("({} == float('inf'))"),
+    aten.isneginf: _unary("({} == float('-inf'))"),
     aten.logical_xor: _binary("(({} != 0) ^ ({} != 0))"),
     aten.sign: _sign,
     aten.trunc: _trunc,
