@@ -98,6 +98,15 @@ def _retrace(gm: torch.fx.GraphModule, example_inputs, keep_origins: bool = Fals
         return capture(run, tuple(fakes), modes=("real",))
 
 
+def _mark_parameters(gm: torch.fx.GraphModule, example_inputs) -> None:
+    """``meta["is_parameter"]`` on each placeholder of the traced graph (Dynamo's inputs, in order)
+    that holds a module's parameter: chain discovery tells a weight's axes from keys by it."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) == len(example_inputs):
+        for node, value in zip(placeholders, example_inputs):
+            node.meta["is_parameter"] = isinstance(value, torch.nn.Parameter)
+
+
 class _Recorded:
     """One compiled graph as Dynamo calls it: ``run`` on the call's inputs, and the graph's report
     added to the reports being recorded (``recording()``), if any. ``regions``: the fused regions,
@@ -138,6 +147,7 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
         try:
             with timed(seconds, "capture"):
                 captured = _retrace(expanded_gm, example_inputs, keep_origins=bool(expanded))
+                _mark_parameters(captured.graph_module, example_inputs)
             rewritten, report = optimize_graph(captured.graph_module, seconds=seconds)
         except (CaptureError, internal.InternalError) as exc:
             if not expanded:

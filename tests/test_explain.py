@@ -109,3 +109,40 @@ def test_the_report_opens_with_a_verdict_per_region():
     assert head[0].endswith("1 fused") and head[1].strip().startswith("1.") and head[1].endswith("fused, one kernel")
     line = str(fxflash.explain(over_queries, *args)).splitlines()[1]
     assert "not fused (chain discovery: amax reduces an axis" in line and "chain discovery: chain discovery" not in line
+
+
+class _NormBetweenLinears(torch.nn.Module):
+    """Attention, then RMSNorm between two linear layers: ``mm → mean → mm`` over the weight's
+    output features, a chain of the same shape as attention's over keys."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.Linear(width, 2 * width, bias=False)
+        self.down = torch.nn.Linear(2 * width, width, bias=False)
+
+    def forward(self, q, k, v):
+        attn = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        return _norm_between(attn, self.up.weight, self.down.weight)
+
+
+def _norm_between(x, up, down):
+    h = x @ up.t()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)) @ down.t()
+
+
+@pytest.mark.fusion_independent
+def test_a_chain_over_a_weights_features_is_not_an_attention_candidate():
+    """Chain discovery takes the producer's key side from a module's parameter (a linear layer's
+    weight, transposed) as not attention: explain() lists the attention alone. The same ops on
+    weights passed as plain tensors are a candidate (which the rules refuse)."""
+    module = _NormBetweenLinears()
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=9, N=9, D=16, Dv=16))
+    report = fxflash.explain(module, q, k, v)
+    assert len(report.regions) == 1 and "amax" in report.regions[0].verdict()
+
+    def as_tensors(q, k, v, up, down):
+        return _norm_between(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v, up, down)
+
+    weights = (module.up.weight.detach().clone(), module.down.weight.detach().clone())
+    assert len(fxflash.explain(as_tensors, q, k, v, *weights).regions) == 2

@@ -43,10 +43,6 @@ MODELS = {
                                num_mel_bins=16, max_source_positions=16, max_target_positions=32,
                                pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2), 6),
 }
-# Where fxflash refuses the attention today (the test then checks that it says so and stays right).
-NOT_FUSED = {
-    "bloom": "dimension demotion",  # scores in the [B·H, M, N] frame, ALiBi added there, then viewed [B, H, M, N]
-}
 # Where a graph cannot be traced to ATen (it then runs as Dynamo captured it, with a warning).
 NOT_TRACED_IN_TRAINING = {
     "bloom": "custom_function_call",  # its GELU is an autograd.Function in training mode
@@ -131,9 +127,6 @@ def _every_sdpa_call(attention: str):
 def _check_fused(name: str, reports: list, calls: int = 1, per_call: int | None = None) -> None:
     regions = [r for report in reports for r in report.regions]
     fused = sum(r.fused for r in regions)
-    if name in NOT_FUSED:
-        assert fused == 0 and any(r.rule == NOT_FUSED[name] for r in regions), [r.reason for r in regions]
-        return
     expected = (per_call or MODELS[name][2]) * calls
     assert fused == expected, [r.verdict() for r in regions if not r.fused]
 

@@ -23,6 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..internal import stage
 from .decompositions import decomposition_table
+from .batch_views import hoist_batch_views
 from .iota_index import index_by_iotas
 from .layout_chains import collapse_layout_chains
 from .snapshot import Snapshot, real_copies
@@ -163,6 +164,7 @@ def capture(
             gm.graph.eliminate_dead_code()
             collapse_layout_chains(gm)
             index_by_iotas(gm)
+            hoist_batch_views(gm)
             gm.graph.eliminate_dead_code()
             gm.recompile()
         return CapturedGraph(gm, in_spec, tensor_positions, out_box[0], mode)

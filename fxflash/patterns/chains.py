@@ -22,7 +22,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..analysis import GraphAnalysis, OpKind
 from ..analysis.dims import reduction_dims
-from ..analysis.ops import packet
+from ..analysis.ops import LAYOUTS, packet
 from ..analysis.sketch import dim_name
 
 aten = torch.ops.aten
@@ -106,8 +106,20 @@ class NearMiss:
     node: fx.Node | None = None  # the node that stopped it
 
 
+def _is_weight(node) -> bool:
+    """Is ``node`` a module's parameter (``meta["is_parameter"]``, set at capture), or a layout op
+    of one (a transpose, a view)?"""
+    while isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) in LAYOUTS:
+        node = node.args[0]
+    return isinstance(node, fx.Node) and node.op == "placeholder" and node.meta.get("is_parameter", False)
+
+
 def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order) -> Chain | NearMiss | None:
     g = analysis.dataflow
+    if _is_weight(first.args[1]):
+        # not attention: the producer's parallel axis is a weight's output features, not keys (RMSNorm
+        # between two linear layers, mm → mean → mm); left to the inner compiler, not a candidate
+        return None
     demoted = _demoted_dim(analysis, first)
     between = (nx.descendants(g, first) & nx.ancestors(g, second)) - {first, second}
 
