@@ -133,9 +133,9 @@ def _norm_between(x, up, down):
 
 @pytest.mark.fusion_independent
 def test_a_chain_over_a_weights_features_is_not_an_attention_candidate():
-    """Chain discovery takes the producer's key side from a module's parameter (a linear layer's
-    weight, transposed) as not attention: explain() lists the attention alone. The same ops on
-    weights passed as plain tensors are a candidate (which the rules refuse)."""
+    """Chain discovery takes a norm over the output features of a module's parameter (a linear
+    layer's weight, transposed) as not attention: explain() lists the attention alone. The same ops
+    on weights passed as plain tensors are a candidate (which the rules refuse)."""
     module = _NormBetweenLinears()
     q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=9, N=9, D=16, Dv=16))
     report = fxflash.explain(module, q, k, v)
@@ -146,3 +146,24 @@ def test_a_chain_over_a_weights_features_is_not_an_attention_candidate():
 
     weights = (module.up.weight.detach().clone(), module.down.weight.detach().clone())
     assert len(fxflash.explain(as_tensors, q, k, v, *weights).regions) == 2
+
+
+class _LearnedMemory(torch.nn.Module):
+    """Attention over a learned key-value memory: the key side is a parameter, the normalization a
+    softmax over its slots."""
+
+    def __init__(self, slots=11, width=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.keys = torch.nn.Parameter(torch.randn(slots, width))
+        self.values = torch.nn.Parameter(torch.randn(slots, width))
+
+    def forward(self, q):
+        return torch.softmax(q @ self.keys.t(), dim=-1) @ self.values
+
+
+@pytest.mark.fusion_independent
+def test_a_softmax_over_a_learned_memory_is_an_attention_candidate():
+    (q, _, _) = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=9, N=9, D=16, Dv=16))
+    report = fxflash.explain(_LearnedMemory(), q)
+    assert len(report.regions) == 1 and "amax" in report.regions[0].verdict()

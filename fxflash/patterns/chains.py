@@ -116,10 +116,6 @@ def _is_weight(node) -> bool:
 
 def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order) -> Chain | NearMiss | None:
     g = analysis.dataflow
-    if _is_weight(first.args[1]):
-        # not attention: the producer's parallel axis is a weight's output features, not keys (RMSNorm
-        # between two linear layers, mm → mean → mm); left to the inner compiler, not a candidate
-        return None
     demoted = _demoted_dim(analysis, first)
     between = (nx.descendants(g, first) & nx.ancestors(g, second)) - {first, second}
 
@@ -142,6 +138,11 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
         return near_miss(f"{n.name} ({n.target}) between the contractions is not an elementwise, layout, "
                          "index or reduction op", n)
     reductions = [n for n in between if analysis.kinds[n] is OpKind.REDUCTION]
+    if _is_weight(first.args[1]) and not any(packet(r.target) is aten.amax for r in reductions):
+        # not attention: a norm over a weight's output features (RMSNorm or LayerNorm between two
+        # linear layers, mm → mean → mm), not a softmax over keys; a softmax over a learned memory's
+        # keys stays a candidate
+        return None
     across = sorted((r for r in reductions if not _reduces_only(analysis, r, demoted)), key=order.__getitem__)
     if across:
         return near_miss(f"{across[0].name} reduces an axis other than the demoted {dim_name(demoted)} "
