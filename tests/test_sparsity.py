@@ -120,6 +120,33 @@ def test_index_masks_skip_tiles(name):
     assert_accurate(variant.fn, args, out)
 
 
+def _triu_of_floats(q, k, v):
+    """``torch.triu(torch.ones(L, L), 1).bool()``: a causal mask spelled with a float tensor."""
+    masked = torch.triu(torch.ones(q.size(-2), k.size(-2), device=q.device), 1).bool()
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    return torch.softmax(s.masked_fill(masked, float("-inf")), dim=-1) @ v
+
+
+def _tril_of_floats_equal_zero(q, k, v):
+    """``tril(ones)[None, None] == 0``: the same mask, compared with zero."""
+    kept = torch.tril(torch.ones(q.size(-2), k.size(-2), device=q.device))
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    return torch.softmax(s.masked_fill(kept[None, None] == 0, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn", [_triu_of_floats, _tril_of_floats_equal_zero], ids=lambda f: f.__name__)
+def test_a_causal_mask_spelled_with_floats_skips_tiles(fn):
+    """The interval of a float constant, of ``tril``/``triu`` of a number (the number where kept, 0
+    elsewhere) and of a cast between numbers and booleans: these spellings skip tiles as the
+    integer one does, and skipping changes no bit of the output."""
+    args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16))
+    report, out = _skipping_changes_nothing(fn, args)
+    (region,) = report.regions
+    assert any("block sparsity" in step for step in region.steps)
+    assert not any("unknown" in step or "no per-tile test" in step for step in region.steps), region.steps
+    assert_accurate(fn, args, out)
+
+
 def _causal_and_opaque(q, k, v):
     i = torch.arange(q.size(-2))[:, None]
     j = torch.arange(k.size(-2))[None, :]

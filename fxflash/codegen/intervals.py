@@ -27,6 +27,7 @@ empties and ``a | unknown`` still fills the tiles ``a`` fills; such parts are li
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.fx as fx
@@ -127,12 +128,14 @@ class IntervalPrinter:
             if dtype is torch.bool:
                 return _bool(*(ip_bool(bool(value)),) * 2)
             if dtype.is_floating_point:
-                raise NoInterval("float constant")
+                # a finite float is its own interval (an infinite one would make inf − inf = NaN
+                # bounds, whose comparisons are all false: no rule could trust them)
+                if not math.isfinite(float(value)):
+                    raise NoInterval("an infinite constant")
+                return _int(repr(float(value)), repr(float(value)))
             return _int(str(int(value)), str(int(value)))
         if p in (aten.tril, aten.triu):
             x = self.of(node.args[0], idx)
-            if not x.is_bool:
-                raise NoInterval("tril of integers")
             diag = node.args[1] if len(node.args) > 1 else 0
             rlo, rhi = self.index_range(idx[-2])
             clo, chi = self.index_range(idx[-1])
@@ -140,7 +143,12 @@ class IntervalPrinter:
                 must, may = f"(({chi}) - ({rlo}) <= {diag})", f"(({clo}) - ({rhi}) <= {diag})"
             else:                # keep where col - row >= diag
                 must, may = f"(({clo}) - ({rhi}) >= {diag})", f"(({chi}) - ({rlo}) >= {diag})"
-            return _bool(self.bind(f"{x.must} & {must}"), self.bind(f"{x.may} & {may}"))
+            if x.is_bool:
+                return _bool(self.bind(f"{x.must} & {must}"), self.bind(f"{x.may} & {may}"))
+            # numbers: x where kept, 0 elsewhere (torch.triu(torch.ones(L, L), 1))
+            kept_all, kept_any = self.bind(must), self.bind(may)
+            return _int(self.bind(f"tl.where({kept_all}, {x.lo}, tl.where({kept_any}, tl.minimum({x.lo}, 0), 0))"),
+                        self.bind(f"tl.where({kept_all}, {x.hi}, tl.where({kept_any}, tl.maximum({x.hi}, 0), 0))"))
         rule = RULES.get(p)
         if rule is not None:
             return rule(self, node, self.operands(node, idx))
@@ -300,9 +308,17 @@ def _not(ip, node, a):
 
 
 def _same(ip, node, a):
-    if node.kwargs.get("dtype") not in (None, node.args[0].meta["val"].dtype):
-        raise NoInterval("a cast")
-    return a[0]
+    """A copy, or a cast between booleans and numbers (``.bool()`` is ``x != 0``, ``.float()`` of a
+    boolean its 0 or 1); other casts (a float to an integer rounds) have no rule."""
+    dtype = node.kwargs.get("dtype")
+    if dtype in (None, node.args[0].meta["val"].dtype):
+        return a[0]
+    x = a[0]
+    if dtype is torch.bool and not x.is_bool:
+        return _bool(ip.bind(f"(({x.lo}) > 0) | (({x.hi}) < 0)"), ip.bind(f"~((({x.lo}) == 0) & (({x.hi}) == 0))"))
+    if dtype is not torch.bool and x.is_bool:
+        return _int(ip.bind(f"tl.where({x.must}, 1, 0)"), ip.bind(f"tl.where({x.may}, 1, 0)"))
+    raise NoInterval("a cast")
 
 
 def _floor_divide(ip, node, a):
