@@ -393,6 +393,25 @@ def test_the_mask_bias_is_computed_in_the_kernel_from_the_mask(name, setting, li
     assert_accurate(variant.fn, args, fxflash.optimize(variant.fn)(*args))
 
 
+def test_a_mask_expanded_from_a_padding_is_computed_in_the_kernel_from_it():
+    """``~am.bool()[:, None, None, :].expand(B, H, M, N)``: the ``~`` of a broadcast [B, N] mask is
+    computed per tile from the padding, not materialized by eager as a [B, H, M, N] tensor."""
+    def padded(q, k, v, am):
+        b, h, m, _ = q.shape
+        keep = am.bool()[:, None, None, :].expand(b, h, m, k.size(-2))
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    am = torch.ones(q.size(0), k.size(-2), dtype=torch.long)
+    am[1, :5] = 0
+    args = (q, k, v, am)
+    report = _fused_once(padded, args, 1)
+    eager_ops = {n.target for n in report.rewritten.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.bitwise_not.default not in eager_ops, eager_ops
+    assert_accurate(padded, args, fxflash.optimize(padded)(*args))
+
+
 @pytest.mark.fusion_independent
 def test_the_vector_producer_limit_reads_symbolic_sizes_without_a_guard():
     """torch.compile with dynamic shapes hands emit symbolic frame sizes: the limit on vector

@@ -48,6 +48,7 @@ VECTOR_PRODUCER_MAX_SCORES = 1 << 27
 # without side effects)
 VECTOR_VIEWS = {aten.unsqueeze, aten.squeeze, aten.view, aten._unsafe_view, aten.expand, aten.permute, aten.transpose,
                 aten.clone, aten.alias, aten.contiguous, aten.detach}
+BROADCAST_VIEWS = {aten.expand, aten.unsqueeze, aten.view, aten._unsafe_view, aten.reshape}
 KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 # The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
@@ -120,6 +121,17 @@ def _labels(nodes) -> dict:
         k = seen[op] = seen.get(op, -1) + 1
         labels[node] = op if k == 0 else f"{op}_{k}"
     return labels
+
+
+def _broadcast_source(node: fx.Node) -> fx.Node:
+    """The tensor ``node`` broadcasts (``am.bool()[:, None, None, :].expand(B, H, M, N)``: ``am.bool()``):
+    through expands and the views that only add or drop axes of one. An elementwise op on it computes
+    per tile from that smaller tensor, never from the O(M·N) one eager would materialize."""
+    while (node.op == "call_function" and packet(node.target) in BROADCAST_VIEWS and isinstance(node.args[0], fx.Node)
+           and (packet(node.target) is aten.expand
+                or [s for s in node.meta["val"].shape if s != 1] == [s for s in node.args[0].meta["val"].shape if s != 1])):
+        node = node.args[0]
+    return node
 
 
 def _scalar_source(node: fx.Node) -> fx.Node | None:
@@ -404,7 +416,7 @@ class _Printer:
         ok = False
         if self.printable_elementwise(node):
             inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
-            largest = max((a.meta["val"].numel() for a in inputs), default=0)
+            largest = max((_broadcast_source(a).meta["val"].numel() for a in inputs), default=0)
             ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs)
                                    or self.feeds_output_op_alone(node))
         self.inline_memo[node] = ok
