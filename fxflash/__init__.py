@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import os as _os
-import sys as _sys
 
 import torch as _torch
 
-# Without a CUDA GPU, generated kernels can only run in Triton's interpreter, which must be
-# chosen before triton is imported: do it when fxflash is the first to import triton.
-if not _torch.cuda.is_available() and "triton" not in _sys.modules:
+# Without a CUDA GPU, generated kernels can only run in Triton's interpreter. ``@triton.jit`` reads
+# TRITON_INTERPRET when it defines a kernel, and fxflash defines its kernels after this line, so the
+# interpreter serves them whatever imported triton first (transformers does, before fxflash).
+if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .backend import backend, fxflash_backend

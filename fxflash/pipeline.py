@@ -99,7 +99,7 @@ def _check_device(region) -> None:
         raise FusionRefused(
             "device", region.output,
             f"tensors on {device.type} run eagerly: fused kernels need a CUDA GPU, or Triton's interpreter "
-            "(TRITON_INTERPRET=1 set before triton is imported)",
+            "(TRITON_INTERPRET=1, which import fxflash sets where no CUDA GPU is found)",
         )
     conflict = interpreter_conflict() if interpreting() else ""
     if conflict:

@@ -96,6 +96,29 @@ def test_entry_point_is_declared():
     assert "fxflash" in eps.names
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter serves machines without a CUDA GPU")
+def test_fxflash_imported_after_triton_still_runs_its_kernels_in_the_interpreter():
+    """transformers imports triton before the user imports fxflash: the kernels fxflash defines
+    afterwards still run in Triton's interpreter."""
+    code = (
+        "import os\n"
+        "os.environ.pop('TRITON_INTERPRET', None)\n"
+        "import triton, torch\n"
+        "import fxflash\n"
+        "from fxflash.variants import VARIANTS, Shape\n"
+        "v = VARIANTS['vanilla']\n"
+        "args = v.inputs(Shape(B=1, H=2, Hkv=2, M=9, N=13, D=8, Dv=8))\n"
+        "fast = fxflash.optimize(v.fn)\n"
+        "assert all(r.fused for r in fast.report(*args).regions)\n"
+        "torch.testing.assert_close(fast(*args), v.fn(*args))\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"
+
+
 @pytest.mark.fusion_independent
 def test_backend_works_without_importing_fxflash():
     code = (
