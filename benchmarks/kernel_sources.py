@@ -7,8 +7,8 @@ as before cannot change its speed (no GPU needed).
     diff old.txt new.txt
 
 Each line: variant, dtype, shape, then the source's hash, or the refusal. Shapes: one every kernel
-takes (head dim 64, where the Gluon kernel is printed for 16-bit inputs) and one that none of
-their sizes is a power of two.
+takes (head dim 64, where the Gluon kernel is printed for 16-bit inputs), one that none of their
+sizes is a power of two, and one of batch one and two heads, whose views have axes of one.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from fxflash.patterns.region import FusionRefused, build_region
 from fxflash.variants import VARIANTS, Shape
 
 SHAPES = {"d64": Shape(B=2, H=4, Hkv=2, M=40, N=48, D=64, Dv=64),
-          "odd": Shape(B=2, H=4, Hkv=2, M=19, N=37, D=24, Dv=8)}
+          "odd": Shape(B=2, H=4, Hkv=2, M=19, N=37, D=24, Dv=8),
+          "ones": Shape(B=1, H=2, Hkv=2, M=24, N=24, D=16, Dv=16)}  # batch one, one head pair: unit axes
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

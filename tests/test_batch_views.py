@@ -44,3 +44,15 @@ def test_the_view_moves_to_the_contraction_and_the_values_stay():
     (user,) = bmm.users
     assert user.target in (aten.view.default, aten._unsafe_view.default) and list(user.meta["val"].shape) == [2, 3, 9, 9]
     torch.testing.assert_close(captured.run(captured.graph_module, args, {}), bloom_attention(*args))
+
+
+def test_a_view_not_on_the_way_from_a_contraction_stays():
+    """Differential attention with one head pair and batch one: ``attn.view(1, 1, 2, M, N)`` of the
+    softmax also splits the first axis (1 → 1 × 1), but no contraction lies behind the division
+    through elementwise ops alone: the view stays where the stream rules read it, and it fuses."""
+    from fxflash import variants
+
+    args = (torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 1, 24, 32))
+    fast = fxflash.optimize(variants.diff_attention)
+    assert_fused(fast.report(*args))
+    assert_accurate(variants.diff_attention, args, fast(*args))

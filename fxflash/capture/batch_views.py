@@ -7,8 +7,8 @@ contraction. An elementwise op commutes with a reshape of all its operands, so
 
     view(op(x, y), [B, H, *rest])  →  op(view(x, [B, H, *rest]), view(y, [B, H, *rest']))
 
-where the view splits only the first axis (``B·H → B, H``; the other axes unchanged) and ``op`` is
-one of ELEMENTWISE whose only user is the view. An operand of full rank with the whole first axis
+where the view splits only the first axis (``B·H → B, H``; the other axes unchanged), ``op`` is
+one of ELEMENTWISE whose only user is the view, and a contraction lies behind ``op`` through such ops. An operand of full rank with the whole first axis
 is viewed the same way, one with a first axis of one as ``[1, 1, …]``, one of lower rank (it
 broadcasts from the right) or a scalar is left as it is. Repeated until the view reaches an op
 that is not elementwise (the contraction). The split sizes must be integers; one other axis may be
@@ -40,10 +40,23 @@ def _split(view: fx.Node) -> tuple | None:
     return out.shape[0], out.shape[1]
 
 
+def _reaches_contraction(node) -> bool:
+    """Is a ``bmm`` behind ``node`` through elementwise ops that only lead here? Only a view on the
+    way from a contraction's scores moves: another (differential attention's ``[B, H, 2, M, N]``
+    view of its softmax, which splits a batch axis of one) stays where the stream rules read it."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node.target is aten.bmm.default:
+        return True
+    return (node.target in ELEMENTWISE and len(node.users) == 1
+            and any(_reaches_contraction(a) for a in node.args))
+
+
 def _hoistable(view: fx.Node) -> tuple | None:
     src = view.args[0]
     if not (view.op == "call_function" and view.target in VIEWS and isinstance(src, fx.Node)
-            and src.op == "call_function" and src.target in ELEMENTWISE and len(src.users) == 1):
+            and src.op == "call_function" and src.target in ELEMENTWISE and len(src.users) == 1
+            and _reaches_contraction(src)):
         return None
     return _split(view)
 
