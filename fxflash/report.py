@@ -135,7 +135,8 @@ class Report:
         if self.capture_note:
             parts.append(self.capture_note)
         if self.inner:
-            parts.append("the rest of the graph: " + {"inductor": "compiled by Inductor", "eager": "eager PyTorch"}[self.inner])
+            rest = {"inductor": "compiled by Inductor", "eager": "eager PyTorch"}[self.inner]
+            parts.append(f"the rest of the graph: {rest}")
         if self.seconds:
             parts.append("compile time: " + ", ".join(f"{stage} {s * 1e3:.0f} ms" for stage, s in self.seconds.items()))
         if self.parts:

@@ -129,9 +129,13 @@ def _broadcast_source(node: fx.Node) -> fx.Node:
     per tile from that smaller tensor, never from the O(M·N) one eager would materialize."""
     while (node.op == "call_function" and packet(node.target) in BROADCAST_VIEWS and isinstance(node.args[0], fx.Node)
            and (packet(node.target) is aten.expand
-                or [s for s in node.meta["val"].shape if s != 1] == [s for s in node.args[0].meta["val"].shape if s != 1])):
+                or _non_unit(node) == _non_unit(node.args[0]))):
         node = node.args[0]
     return node
+
+
+def _non_unit(node: fx.Node) -> list:
+    return [s for s in node.meta["val"].shape if s != 1]
 
 
 def _scalar_source(node: fx.Node) -> fx.Node | None:
@@ -837,7 +841,8 @@ class _Printer:
         if self.dv_split > 1:
             lines += [f"dvb{x} = {pid} % {self.dv_split}", f"tile{x} = {pid} // {self.dv_split}"]
             pid = f"tile{x}"
-        return lines + [f"mt{x} = n_mt - 1 - {pid} % n_mt" if self.options.heavy_rows_first else f"mt{x} = {pid} % n_mt",
+        first = f"n_mt - 1 - {pid} % n_mt" if self.options.heavy_rows_first else f"{pid} % n_mt"
+        return lines + [f"mt{x} = {first}",
                         f"lin{x} = {pid} // n_mt"]
 
     @property

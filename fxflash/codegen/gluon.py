@@ -199,10 +199,10 @@ def fits_shared_memory(tile, buffers: int) -> bool:
 
 def row_sums_by_mma(tile, mma_row_sum: bool) -> bool:
     """Does configuration ``tile`` sum each row's ``p`` as ``P·1`` on the tensor cores (where the
-    kernel was printed with ``mma_row_sum``, options.gluon_mma_row_sum)? Not where two CTAs share an SM: their buffers leave no room for
-    the ones. Not with two softmax streams: there it was 1–5 % slower than adding them up
-    (benchmarks/NOTES.md, 2026-11-24). The kernel applies the same rule (``ROW_SUM``
-    in ``_attend``; ``MMA_ROW_SUM`` printed off in a two-stream module)."""
+    kernel was printed with ``mma_row_sum``, options.gluon_mma_row_sum)? Not where two CTAs share
+    an SM: their buffers leave no room for the ones. Not with two softmax streams: there it was
+    1–5 % slower than adding them up (benchmarks/NOTES.md, 2026-11-24). The kernel applies the same
+    rule (``ROW_SUM`` in ``_attend``; ``MMA_ROW_SUM`` printed off in a two-stream module)."""
     t = gluon_tile(tile)
     return mma_row_sum and t.ctas == 1 and t.streams == 1
 

@@ -316,7 +316,8 @@ def _fx_rint(x):
     a = tl.abs(x)
     r = (a + 8388608.0) - 8388608.0
     r = tl.where(a < 8388608.0, r, a)
-    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)  # the sign bit: -0.0 and -0.4 round to -0.0
+    # the sign bit: -0.0 and -0.4 round to -0.0
+    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
 """,
     "_fx_log1p": """
 @triton.jit
