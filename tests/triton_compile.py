@@ -1,16 +1,19 @@
 """Compile a variant's generated Triton kernel, as printed for a GPU, for sm_90 without one (run by
-test_fused.py in a process without TRITON_INTERPRET: the interpreter's printing has no GPU
-helpers, printers.GPU_HELPERS, so only this checks that their libdevice calls and inline PTX
-compile):
+test_fused.py; with TRITON_INTERPRET=0, which ``import fxflash`` leaves as it is: the interpreter's
+printing has no GPU helpers, printers.GPU_HELPERS, so only this checks that their libdevice calls
+and inline PTX compile):
 
     python tests/triton_compile.py VARIANT DTYPE
 
 Prints the GPU helpers the kernel calls and the special-function instructions in its PTX; ptxas
 must have assembled it."""
+import os
 import re
 import sys
 
-import torch
+os.environ["TRITON_INTERPRET"] = "0"  # before fxflash, which selects the interpreter where no GPU is found
+
+import torch  # noqa: E402
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
