@@ -9,8 +9,9 @@ contraction. An elementwise op commutes with a reshape of all its operands, so
 
 where the view splits only the first axis (``B·H → B, H``; the other axes unchanged), ``op`` is
 one of ELEMENTWISE whose only user is the view, and a contraction lies behind ``op`` through such
-ops. An operand of full rank with the whole first axis is viewed the same way, one with a first axis of one as ``[1, 1, …]``, one of lower rank (it
-broadcasts from the right) or a scalar is left as it is. Repeated until the view reaches an op
+ops. An operand of full rank with the whole first axis is viewed the same way, one with a first
+axis of one as ``[1, 1, …]``, one of lower rank (it broadcasts from the right) or a scalar is left
+as it is. Repeated until the view reaches an op
 that is not elementwise (the contraction). The split sizes must be integers; one other axis may be
 symbolic (a decode step's key length: the view's ``-1``), compared without a guard.
 """

@@ -48,7 +48,6 @@ VECTOR_PRODUCER_MAX_SCORES = 1 << 27
 # without side effects)
 VECTOR_VIEWS = {aten.unsqueeze, aten.squeeze, aten.view, aten._unsafe_view, aten.expand, aten.permute, aten.transpose,
                 aten.clone, aten.alias, aten.contiguous, aten.detach}
-BROADCAST_VIEWS = {aten.expand, aten.unsqueeze, aten.view, aten._unsafe_view, aten.reshape}
 KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 # The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
@@ -124,18 +123,13 @@ def _labels(nodes) -> dict:
 
 
 def _broadcast_source(node: fx.Node) -> fx.Node:
-    """The tensor ``node`` broadcasts (``am.bool()[:, None, None, :].expand(B, H, M, N)``: ``am.bool()``):
-    through expands and the views that only add or drop axes of one. An elementwise op on it computes
-    per tile from that smaller tensor, never from the O(M·N) one eager would materialize."""
-    while (node.op == "call_function" and packet(node.target) in BROADCAST_VIEWS and isinstance(node.args[0], fx.Node)
-           and (packet(node.target) is aten.expand
-                or _non_unit(node) == _non_unit(node.args[0]))):
+    """The tensor ``node`` is a view of (``am.bool()[:, None, None, :].expand(B, H, M, N)``:
+    ``am.bool()``), through VECTOR_VIEWS. An elementwise op larger than it is computed per tile from
+    it, never from the O(M·N) tensor eager would materialize."""
+    while (node.op == "call_function" and packet(node.target) in VECTOR_VIEWS
+           and isinstance(node.args[0], fx.Node)):
         node = node.args[0]
     return node
-
-
-def _non_unit(node: fx.Node) -> list:
-    return [s for s in node.meta["val"].shape if s != 1]
 
 
 def _scalar_source(node: fx.Node) -> fx.Node | None:

@@ -308,6 +308,12 @@ def _fx_round_bf16(x):
 # alike: each avoids the cancellation and the overflow of its textbook formula (a value eager keeps
 # finite stays finite: sinh and cosh of 89 are 2.2e38).
 MATH_HELPERS = {
+    "_fx_signbit": """
+@triton.jit
+def _fx_signbit(x):
+    # set for -0.0 and every negative value, as x < 0 is not for -0.0
+    return (x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1
+""",
     "_fx_rint": """
 @triton.jit
 def _fx_rint(x):
@@ -317,7 +323,7 @@ def _fx_rint(x):
     r = (a + 8388608.0) - 8388608.0
     r = tl.where(a < 8388608.0, r, a)
     # the sign bit: -0.0 and -0.4 round to -0.0
-    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+    return tl.where(_fx_signbit(x), -r, r)
 """,
     "_fx_log1p": """
 @triton.jit
@@ -350,7 +356,7 @@ def _fx_sinh(x):
     e = _fx_expm1(tl.where(small, a, 0.0))
     h = tl.exp(0.5 * a)
     s = tl.where(small, 0.5 * (e + e / (e + 1.0)), h * (0.5 * h))
-    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -s, s)
+    return tl.where(_fx_signbit(x), -s, s)
 """,
     "_fx_cosh": """
 @triton.jit
@@ -374,7 +380,7 @@ def _fx_atan(x):
     p = ((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1
     r = y0 + (p * z * t + t)
     r = tl.where(a == float('inf'), 1.5707963267948966, r)
-    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+    return tl.where(_fx_signbit(x), -r, r)
 """,
     "_fx_atan2": """
 @triton.jit
@@ -389,9 +395,9 @@ def _fx_atan2(y, x):
     q = tl.where(hi == 0.0, 0.0, tl.where(both_inf, 1.0, lo / tl.where((hi == 0.0) | both_inf, 1.0, hi)))
     t = _fx_atan(q)
     t = tl.where(ay > ax, 1.5707963267948966 - t, t)
-    x_neg = (x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1
+    x_neg = _fx_signbit(x)
     t = tl.where(x_neg, 3.141592653589793 - t, t)
-    y_neg = (y.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1
+    y_neg = _fx_signbit(y)
     t = tl.where(y_neg, -t, t)
     return tl.where((x != x) | (y != y), x + y, t)
 """,
@@ -414,7 +420,7 @@ def _fx_asinh(x):
     b = tl.where(small, a, 0.0)
     r = tl.where(small, _fx_log1p(b + b * b / (1.0 + tl.sqrt(1.0 + b * b))),
                  tl.log(tl.where(small, 1.0, a)) + 0.6931471805599453)
-    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+    return tl.where(_fx_signbit(x), -r, r)
 """,
     "_fx_acosh": """
 @triton.jit
@@ -433,11 +439,13 @@ def _fx_atanh(x):
     inside = a < 1.0
     r = 0.5 * _fx_log1p(2.0 * a / (1.0 - tl.where(inside, a, 0.0)))
     r = tl.where(inside, r, tl.where(a == 1.0, float('inf'), float('nan')))
-    return tl.where((x.to(tl.float32).to(tl.uint32, bitcast=True) >> 31) == 1, -r, r)
+    return tl.where(_fx_signbit(x), -r, r)
 """,
 }
 HELPERS.update(MATH_HELPERS)
 # a helper may call another: each one's callees, defined before it in the module
-HELPER_CALLS = {"_fx_sinh": ("_fx_expm1",), "_fx_atan2": ("_fx_atan",), "_fx_asin": ("_fx_atan2", "_fx_atan"),
-                "_fx_acos": ("_fx_atan2", "_fx_atan"), "_fx_asinh": ("_fx_log1p",), "_fx_acosh": ("_fx_log1p",),
-                "_fx_atanh": ("_fx_log1p",)}
+HELPER_CALLS = {"_fx_rint": ("_fx_signbit",), "_fx_sinh": ("_fx_signbit", "_fx_expm1"),
+                "_fx_atan": ("_fx_signbit",), "_fx_atan2": ("_fx_signbit", "_fx_atan"),
+                "_fx_asin": ("_fx_signbit", "_fx_atan", "_fx_atan2"), "_fx_acos": ("_fx_signbit", "_fx_atan", "_fx_atan2"),
+                "_fx_asinh": ("_fx_signbit", "_fx_log1p"), "_fx_acosh": ("_fx_log1p",),
+                "_fx_atanh": ("_fx_signbit", "_fx_log1p")}
