@@ -412,6 +412,32 @@ def test_a_mask_expanded_from_a_padding_is_computed_in_the_kernel_from_it():
     assert_accurate(padded, args, fxflash.optimize(padded)(*args))
 
 
+def test_an_additive_mask_built_through_an_expand_is_computed_in_the_kernel():
+    """transformers' eager attention adds ``where(keep.expand(B, -1, M, N), 0, finfo.min)``, keep
+    being a causal mask and a [B, N] padding mask broadcast up: the kernel computes it per tile
+    through the expand from the padding, eager's [B, 1, M, N] mask leaves the rewritten graph, and
+    its finite fill skips the tiles it masks (tests/test_sparsity.py)."""
+    def masked(q, k, v, padding):
+        b, _, m, d = q.shape
+        n = k.size(-2)
+        causal = torch.arange(n)[None, :] <= torch.arange(m)[:, None]
+        keep = causal[None, None] & padding[:, None, None, :]
+        low = torch.scalar_tensor(torch.finfo(q.dtype).min, dtype=q.dtype)
+        bias = torch.where(keep.expand(b, -1, m, n), torch.zeros((), dtype=q.dtype), low)
+        return torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5 + bias, dim=-1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPES["odd"])
+    q = q[..., :k.size(-2), :]  # square: every query sees the key at its own position
+    padding = torch.ones(q.size(0), k.size(-2), dtype=torch.bool)
+    padding[1, :5] = False  # left padding: row 1's first queries see no key (eager averages them all)
+    args = (q, k, v, padding)
+    report = _fused_once(masked, args, 1)
+    eager_ops = {n.target for n in report.rewritten.graph.nodes if n.op == "call_function"}
+    assert {torch.ops.aten.where.self, torch.ops.aten.expand.default} & eager_ops == set(), eager_ops
+    assert any("block sparsity" in step for step in report.regions[0].steps), report.regions[0].steps
+    assert_accurate(masked, args, fxflash.optimize(masked)(*args))
+
+
 @pytest.mark.fusion_independent
 def test_the_vector_producer_limit_reads_symbolic_sizes_without_a_guard():
     """torch.compile with dynamic shapes hands emit symbolic frame sizes: the limit on vector

@@ -192,6 +192,87 @@ def test_padding_masks_skip_tiles(name):
     assert_accurate(variant.fn, args, skipped)
 
 
+def _softmax_of(x: torch.Tensor) -> torch.Tensor:
+    """Softmax in fp32 (fp64 for the float64 reference), cast back: as transformers computes it."""
+    return torch.softmax(x.to(torch.promote_types(x.dtype, torch.float32)), dim=-1).to(x.dtype)
+
+
+def _finite_fill(spelling: str):
+    """Causal and left-padded attention, masked with ``finfo.min`` the ways transformers' models
+    write it: GPT-2's ``where(keep, s, min)``, ``masked_fill(~keep, min)``, and the eager
+    attention's additive ``s + where(keep.expand(B, -1, M, N), 0, min)``."""
+    def masked(q, k, v, padding):
+        b, _, m, d = q.shape
+        n = k.size(-2)
+        keep = (torch.arange(n)[None, :] <= torch.arange(m)[:, None])[None, None] & padding[:, None, None, :]
+        s = q @ k.transpose(-1, -2) * d ** -0.5
+        low = torch.finfo(q.dtype).min
+        if spelling == "where":
+            s = torch.where(keep, s, low)
+        elif spelling == "masked_fill":
+            s = s.masked_fill(~keep, low)
+        else:
+            s = s + torch.where(keep.expand(b, -1, m, n), torch.zeros((), dtype=q.dtype),
+                                torch.scalar_tensor(low, dtype=q.dtype))
+        return _softmax_of(s) @ v
+
+    return masked
+
+
+@pytest.mark.parametrize("spelling, dtype", [("where", torch.float32), ("masked_fill", torch.bfloat16),
+                                             ("additive", torch.float32), ("additive", torch.bfloat16),
+                                             ("additive", torch.float16)])
+def test_finite_fill_masks_skip_tiles(spelling, dtype):
+    """A ``finfo.min`` mask is finite: a row every key masks (left padding) averages all of them in
+    eager. Its tiles are skipped all the same, and such rows are flagged and computed again
+    over every key; the additive spelling also checks its bound on the scores."""
+    fn = _finite_fill(spelling)
+    # the interpreter's 16×16 tiles: batch row 1's row tile 4 visits key tile 4 alone, where its
+    # rows 64–69 see no key (the repair kernel's 64-row tile 1 has no other flagged row)
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=100, N=100, D=16, Dv=16), dtype)
+    padding = torch.ones(2, 100, dtype=torch.bool)
+    padding[1, :70] = False
+    args = (q, k, v, padding)
+    (region,) = fxflash.explain(fn, *args).regions
+    assert region.fused and SCAN in region.source
+    assert any("block sparsity" in step and "computed again over every key" in step for step in region.steps)
+    assert ("fill_bound" in region.source) == (spelling == "additive")
+    out = fxflash.optimize(fn)(*args)
+    assert_accurate(fn, args, out)
+    # the fully masked rows are eager's average over every key, not over the tiles visited
+    torch.testing.assert_close(out[1, :, :70].float(), v[1].float().mean(-2, keepdim=True).expand(-1, 70, -1),
+                               atol=2e-2, rtol=0)
+
+
+def test_a_masked_score_beyond_the_bound_is_not_skipped():
+    """fp16, ``finfo.min = -65504``: a masked score of 65440 adds up to ``-64``, which outweighs the
+    visible scores of ``-120``, so eager's rows are that masked key's value. The bound
+    ``D·max|q|·max|k|`` reaches the mask's threshold, so the program's rows are computed again
+    over every key and give eager's answer."""
+    def masked(q, k, v):
+        n = k.size(-2)
+        keep = torch.arange(n)[None, :] <= torch.arange(q.size(-2))[:, None]
+        bias = torch.where(keep, torch.zeros((), dtype=q.dtype), torch.scalar_tensor(-65504.0, dtype=q.dtype))
+        return _softmax_of(q @ k.transpose(-1, -2) + bias) @ v
+
+    # the interpreter's 16×16 tiles: row tile 0 visits key tile 0 alone; the rows that see key 100
+    # (flagged: their maximum is beyond fp16's multiply-add range) lie in another repair tile
+    n, d = 128, 16
+    q = torch.zeros(1, 1, n, d, dtype=torch.float16)
+    q[..., 0] = 1.0  # the scores are k[:, 0]
+    k = torch.zeros(1, 1, n, d, dtype=torch.float16)
+    k[..., 0] = -120.0
+    k[..., 100, 0] = 65440.0  # masked for the rows before it
+    v = torch.randn(1, 1, n, d, generator=torch.Generator().manual_seed(0)).half()
+    args = (q, k, v)
+    (region,) = fxflash.explain(masked, *args).regions
+    assert region.fused and SCAN in region.source and "fill_bound" in region.source
+    out = fxflash.optimize(masked)(*args)
+    eager = masked(*args)
+    torch.testing.assert_close(eager[0, 0], v[0, 0, 100:101].expand(n, -1), atol=1e-3, rtol=0)  # key 100 wins
+    torch.testing.assert_close(out, eager, atol=1e-3, rtol=0)
+
+
 @pytest.mark.parametrize("divide", [lambda x: x // -4, lambda x: x % -4, lambda x: torch.div(x, 4, rounding_mode="trunc")],
                          ids=["floor_by_negative", "remainder_by_negative", "trunc"])
 def test_divisions_without_a_rule_fuse_without_skipping(divide):

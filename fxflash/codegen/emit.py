@@ -18,6 +18,7 @@ are printed from the tile indices and never loaded.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 import re
@@ -87,7 +88,8 @@ class KernelPlan:
     out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
                                     # (None: contiguous, stored without strides)
     summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
-                             # that axis the launch computes for its BLOCK_N ("summary" args)
+                             # that axis the launch computes for its BLOCK_N ("summary" args);
+                             # axis None: the input's largest magnitude, a scalar tensor
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
     unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
     flags: bool = False      # the kernel flags the rows it leaves to the repair kernel (sat_ptr)
@@ -253,6 +255,7 @@ class _Printer:
         self.saturable: list = []  # (running maximum, kept in exp2 units, -inf guarded) whose rows are flagged
         self.checks: list = []     # (row value, bound): rows where it reaches ``bound`` are flagged too
         self.checks_output = False  # rows whose output is inf or NaN are flagged too
+        self.fill_checks: list = []  # conditions flagging rows a finite-fill mask's skipped tiles may reach
         self.flags_rows = True     # flag rows for the repair kernel (not in the repair kernel itself)
         self.fma = False           # prints E(x − m) as a multiply-add (then launched with fp contraction)
         # eager's own form (the repair kernel): the row values in a first pass over N, P·V of the
@@ -406,13 +409,17 @@ class _Printer:
 
     def inlinable(self, node: fx.Node) -> bool:
         """Is ``node`` an elementwise op that broadcasts smaller tensors up (``ids[:, None] ==
-        ids[None, :]``), or an op on such a value? Then the kernel computes it per tile from
-        its inputs instead of loading an O(M·N) tensor that eager would materialize."""
+        ids[None, :]``), an op on such a value, or a view of one (VECTOR_VIEWS: transformers'
+        ``where(mask.expand(B, -1, M, N), 0, finfo.min)``)? Then the kernel computes it per tile
+        from its inputs instead of loading an O(M·N) tensor that eager would materialize."""
         if node in self.inline_memo:
             return self.inline_memo[node]
         val = node.meta.get("val")
         ok = False
-        if self.printable_elementwise(node):
+        if (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
+                and packet(node.target) in VECTOR_VIEWS and isinstance(node.args[0], fx.Node)):
+            ok = self.inlinable(node.args[0])
+        elif self.printable_elementwise(node):
             inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
             largest = max((_broadcast_source(a).meta["val"].numel() for a in inputs), default=0)
             ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs)
@@ -620,6 +627,10 @@ class _Printer:
         p = packet(node.target)
         if p not in PRINTERS:
             raise Unprintable(f"no printer for {node.target}")
+        if p is aten.where and any(m.condition is node.args[0] for m in self.r.tile_masks):
+            # a tile mask's condition, in the score DAG or in a mask computed per tile: full_tile_loop
+            # prints it as a constant on the tiles proved full
+            self.mask_conds.setdefault(node.args[0], set()).add(args[0].code)
         folded = _folded_literal(node, args)
         if folded is not None:
             return folded
@@ -898,10 +909,7 @@ class _Printer:
         if p in (aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.contiguous) and node.args[0] in self.vars:
             self.vars[node] = self.vars[node.args[0]]
             return
-        args = [self.arg(a, idx) for a in node.args]
-        if p is aten.where and any(m.condition is node.args[0] for m in r.tile_masks):
-            self.mask_conds.setdefault(node.args[0], set()).add(args[0].code)
-        self.vars[node] = self.apply(node, args)
+        self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
 
     def prints_fma(self, hom) -> bool:
         """Is ``E(x − m)`` printed as one multiply-add before ``exp2`` (Homomorphism.apply_fma:
@@ -1195,10 +1203,46 @@ class _Printer:
             body.append(line)
         return body if replaced == set(conds) else None
 
+    def finite_fill_checks(self) -> list[str]:
+        """Conditions that flag a row for the repair kernel where a tile mask with a finite fill
+        ``F`` (patterns.sparsity) may have skipped a tile the row needs: the row's maximum is not
+        above ``-T`` (every score it saw masked, or none seen), or, for an additive mask, this
+        program's bound on the scores the fill is added to reaches ``T``. The bound is
+        ``D · max|q| · max|k|`` (the whole K's largest magnitude, a scalar the launch computes),
+        with 1/64 of slack for the roundings between the contraction and the mask."""
+        finite = [m for m in self.r.tile_masks if m.threshold is not None]
+        if not finite:
+            return []
+        (scale,) = {form.scale for _, _, form in self.r.terms}
+        checks = [f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
+                  for st in self.streams]
+        additive = [m for m in finite if m.addend is not None]
+        if additive:
+            k_max = f"tl.load({self.absmax_param(self.r.k.node)}).to(tl.float32)"
+            for op, c in self.r.k.scale:  # K's tile as the dot reads it (_scaled)
+                k_max += f" * {abs(float(c)) if op == 'mul' else 1.0 / abs(float(c))!r}"
+            q_max = functools.reduce(lambda a, b: f"tl.maximum({a}, {b})",
+                                     [f"tl.max(tl.abs(q{self.sfx(st)}.to(tl.float32)))" for st in self.streams])
+            self.post.append(f"dot_bound = {float(self.r.D)!r} * {q_max} * {k_max} * 1.015625")
+            for j, m in enumerate(additive):
+                self.post.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
+                                 f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
+                checks.append(f"~(fill_bound{j} + tl.abs(fill_bound{j}) * 0.015625 + 1.0 < {m.threshold!r})")
+        return checks
+
+    def absmax_param(self, node: fx.Node) -> str:
+        """The parameter holding the largest magnitude of input ``node``, a scalar tensor the
+        launch computes at each call (a ``KernelPlan.summaries`` entry with axis None)."""
+        key = (self.tensor_input(node), None)
+        if key not in self.summaries:
+            self.summaries.append(key)
+            self.param(f"sum{len(self.summaries) - 1}_abs", ("summary", len(self.summaries) - 1, 0))
+        return f"sum{self.summaries.index(key)}_abs"
+
     @property
     def flags(self) -> bool:
         """Does this kernel flag rows for the repair kernel (``sat_ptr``)?"""
-        return bool(self.saturable or self.checks or self.checks_output)
+        return bool(self.saturable or self.checks or self.checks_output or self.fill_checks)
 
     def saturated_rows(self) -> list[str]:
         """Lines that set ``saturated`` where a row of this program is left to the repair kernel:
@@ -1210,9 +1254,10 @@ class _Printer:
         bound = SATURATION_LOG2.get(self.r.q.node.meta["val"].dtype)  # 16-bit inputs: their maxima flagged
         bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
                + (f" & ({acc} != float('-inf'))" if guarded else "") for acc, log2, guarded in self.saturable]
-        bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
         if self.checks_output:
             bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")
+        bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
+        bad += self.fill_checks
         lines = [f"saturated = {ROW} < 0"]
         lines += [f"saturated = saturated | (({ROW} < M) & {b})" for b in bad]
         return lines
@@ -1222,6 +1267,8 @@ class _Printer:
         tiles, where ``col_ok`` is a constant true the compiler folds away (no bound checks, no
         masking of the reductions), then over the one partial tile, if any, with the checks."""
         tile_range = self.tile_range()  # may add parameters: tensors summarized per tile
+        if self.skips_tiles and self.flags_rows:
+            self.fill_checks = self.finite_fill_checks()
         body = [*self.pre, *tile_range, "n_split = tl.minimum(hi_t, N // BLOCK_N)"]
         full_loop = self.full_tile_loop() if self.full_proved and not self.two_pass else None
         body += self.key_loops(self.loop, full_loop)
@@ -1295,7 +1342,9 @@ class _Printer:
         maximum left the multiply-add form's range) for REPAIR_SCAN row tiles at once, and computes
         each tile with a flagged row in this printer's form. One program per tile cost the
         Evoformer at B=8 9 % on an H200 (32768 programs reading 64 flags each), and so did one
-        program walking tile after tile, one dependent load each."""
+        program walking tile after tile, one dependent load each. Program ``p`` of ``G`` takes the
+        tiles ``p, p + G, p + 2G, …``: flagged tiles come in runs (a left-padded sequence's first
+        row tiles, in every head), which a program taking consecutive tiles would compute alone."""
         assert self.body[0] == "pid = tl.program_id(0)", self.body[0]
         items = " * ".join(["tl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(len(self.frame_shape) - 2)),
                             str(self.dv_split)])
@@ -1303,9 +1352,10 @@ class _Printer:
         rows = f"(mt_v * BLOCK_M)[:, None] + tl.arange(0, BLOCK_M)[None, :]"
         return [
             f"n_items = {items}",
-            "for first in range(tl.program_id(0) * REPAIR_SCAN, n_items, tl.num_programs(0) * REPAIR_SCAN):",
+            "prog, progs = tl.program_id(0), tl.num_programs(0)",
+            "for first in range(0, tl.cdiv(n_items - prog, progs), REPAIR_SCAN):",
             *("    " + line for line in [
-                f"items_v = first + {scan}", *self.tile_of("items_v", "_v"),
+                f"items_v = prog + (first + {scan}) * progs", *self.tile_of("items_v", "_v"),
                 f"ok = ({rows} < M) & (items_v < n_items)[:, None]",
                 f"at = (lin_v.to(tl.int64) * M)[:, None] + {rows}",
                 "flagged = tl.zeros([REPAIR_SCAN], tl.int32)",
@@ -1314,7 +1364,7 @@ class _Printer:
                 "other=0).to(tl.int32), 1))",
                 "for j in range(0, REPAIR_SCAN):",
                 f"    if tl.max(tl.where({scan} == j, flagged, 0)) > 0:",
-                *("        " + line for line in ["pid = first + j", *self.body[1:]])])]
+                *("        " + line for line in ["pid = prog + (first + j) * progs", *self.body[1:]])])]
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}

@@ -1,13 +1,23 @@
 """Which masks let a key tile be skipped, proved from the region's algebra.
 
-A key tile may be skipped when every score of it is ``-inf`` and everything the region
+A key tile may be skipped when every score of it is masked and everything the region
 accumulates over N is scaled by ``E(x - m)`` with ``x`` those scores: then the tile leaves
 the running maximum unchanged and adds exactly zero to every sum and to ``P·V``. The scores
-are ``-inf`` on a tile when ``x = where(c, s, -inf)`` (or ``where(c, -inf, s)``, possibly
-through float casts and further masks of that form) and the condition ``c`` — an index
-expression, or one over integer tensors such as document ids — is false (true) everywhere
-on the tile, which codegen decides per tile by interval arithmetic over the tile's index
-ranges and per-tile min/max of the tensors read (:mod:`fxflash.codegen.intervals`).
+are masked on a tile when ``x = where(c, s, fill)`` (or ``where(c, fill, s)``), or ``x = s +
+where(c, 0, fill)``, possibly through float casts and further masks of those forms, and the
+condition ``c`` — an index expression, or one over integer tensors such as document ids — is
+false (true) everywhere on the tile, which codegen decides per tile by interval arithmetic over
+the tile's index ranges and per-tile min/max of the tensors read
+(:mod:`fxflash.codegen.intervals`).
+
+A ``-inf`` fill is masked outright. A finite fill ``F`` (transformers' ``finfo.min``) is not: a row
+that every key masks averages all of them in eager. Skipping is exact for a row whose maximum
+exceeds ``-T`` (``T = |F| / 4``, the mask's ``threshold``) while the skipped scores stay below
+``-3T``: then ``exp(x − m) < exp(−2T)`` is exactly 0. Codegen flags the other rows (and, for an
+additive mask, every row of a program where the bound on ``s`` reaches ``T``) for the repair
+kernel, which computes them over every key as eager does. An additive mask's skipped scores are
+``s + F``: its ``addend`` is an upper bound on ``s`` in terms of the score contraction's largest
+magnitude (codegen: ``D · max|q| · max|k|`` per program).
 """
 from __future__ import annotations
 
@@ -22,18 +32,52 @@ from ..analysis.ops import constant_value, packet
 
 aten = torch.ops.aten
 
+# The smallest |fill| a finite mask may have: its threshold |F| / 4 ≥ 64 leaves skipped scores at
+# least 2·64 below a row's maximum, where exp is 0 in fp32 (below e^-104).
+FINITE_FILL_MIN = 256.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Affine:
+    """``dot · S + const``, where ``S`` bounds the score contraction's magnitude on a tile."""
+
+    dot: float
+    const: float
+
+    def __add__(self, other: "Affine") -> "Affine":
+        return Affine(self.dot + other.dot, self.const + other.const)
+
+    def scaled(self, c: float) -> "Affine":
+        return Affine(self.dot * c, self.const * c)
+
+    def join(self, other: "Affine") -> "Affine":
+        """A bound on either (sound for ``S ≥ 0``)."""
+        return Affine(max(self.dot, other.dot), max(self.const, other.const))
+
 
 @dataclasses.dataclass(frozen=True)
 class TileMask:
-    """``-inf`` where ``condition`` equals ``masked_when``; ``condition`` is an index expression."""
+    """``fill`` where ``condition`` equals ``masked_when``; ``condition`` is an index expression.
+    ``addend``: for an additive mask with a finite fill, an upper bound on what it is added to."""
 
     condition: fx.Node
     masked_when: bool
+    fill: float = -math.inf
+    addend: Affine | None = None
+
+    @property
+    def threshold(self) -> float | None:
+        """``T`` of a finite fill (module docstring); None for ``-inf``."""
+        return abs(self.fill) / 4 if math.isfinite(self.fill) else None
 
 
-def _is_neg_inf(arg) -> bool:
+def _fill(arg) -> float | None:
+    """The fill a mask may have: ``-inf``, or a finite constant at most ``-FINITE_FILL_MIN``."""
     value = constant_value(arg, None)
-    return isinstance(value, float) and value == -math.inf
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            value == -math.inf or -math.inf < value <= -FINITE_FILL_MIN):
+        return float(value)
+    return None
 
 
 def _is_mask_expression(cond: fx.Node, kinds: dict, region_nodes: set) -> bool:
@@ -62,6 +106,81 @@ def _is_mask_expression(cond: fx.Node, kinds: dict, region_nodes: set) -> bool:
     return True
 
 
+def _is_float_cast(node) -> bool:
+    return (isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) is aten._to_copy
+            and node.kwargs.get("dtype") in (torch.float32, torch.float16, torch.bfloat16))
+
+
+# Ops that pass a score bound through unchanged (views, copies)
+_SAME = {aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.clone, aten.alias, aten.unsqueeze,
+         aten.squeeze, aten.contiguous}
+_UNIT = {aten.tanh, aten.sigmoid}  # |f(x)| ≤ 1
+
+
+def score_bound(node, frame: fx.Node, limit: float) -> tuple[Affine, Affine] | None:
+    """(upper bound, magnitude bound) of ``node``, a function of the scores ``frame``, as Affine
+    forms in ``S`` (a bound on ``|frame|``); None where an op has no rule. A float cast to a
+    dtype whose largest value is below ``limit`` has none (it could overflow where ``S`` is
+    still below the threshold the kernel checks)."""
+    if node is frame:
+        return Affine(1.0, 0.0), Affine(1.0, 0.0)
+    value = constant_value(node, None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return Affine(0.0, float(value)), Affine(0.0, abs(float(value)))
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    p, args = packet(node.target), node.args
+    if p in _SAME or _is_float_cast(node):
+        if _is_float_cast(node) and torch.finfo(node.kwargs["dtype"]).max < limit:
+            return None
+        return score_bound(args[0], frame, limit)
+    if p in _UNIT:
+        return Affine(0.0, 1.0), Affine(0.0, 1.0)
+    if p is aten.neg:
+        inner = score_bound(args[0], frame, limit)
+        return inner and (inner[1], inner[1])
+    if p in (aten.mul, aten.div):
+        x, c = args[0], constant_value(args[1], None)
+        if p is aten.mul and c is None:
+            x, c = args[1], constant_value(args[0], None)
+        if not isinstance(c, (int, float)) or isinstance(c, bool) or not math.isfinite(c) or (p is aten.div and c == 0):
+            return None
+        inner = score_bound(x, frame, limit)
+        if inner is None:
+            return None
+        f = c if p is aten.mul else 1.0 / c
+        hi, mag = inner
+        return (hi.scaled(f) if f >= 0 else mag.scaled(-f)), mag.scaled(abs(f))
+    if p in (aten.add, aten.sub) and len(args) == 2 and "alpha" not in node.kwargs:
+        a, b = (score_bound(x, frame, limit) for x in args)
+        if a is None or b is None:
+            return None
+        return (a[0] + (b[0] if p is aten.add else b[1])), a[1] + b[1]
+    if p is aten.where:
+        a, b = (score_bound(x, frame, limit) for x in args[1:])
+        if a is None or b is None:
+            return None
+        return a[0].join(b[0]), a[1].join(b[1])
+    return None
+
+
+def _mask_of(node, kinds: dict, region_nodes: set):
+    """``(condition, masked_when, fill)`` of ``where(c, 0, fill)`` / ``where(c, fill, 0)``
+    through float casts (an additive mask's values), or None."""
+    while _is_float_cast(node):
+        node = node.args[0]
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) is aten.where):
+        return None
+    cond, a, b = node.args
+    if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, region_nodes)):
+        return None
+    if constant_value(a, None) == 0 and _fill(b) is not None:
+        return cond, False, _fill(b)
+    if constant_value(b, None) == 0 and _fill(a) is not None:
+        return cond, True, _fill(a)
+    return None
+
+
 def skippable_masks(region, kinds: dict) -> list[TileMask]:
     """The masks that make a key tile skippable, or [] when skipping is not provable."""
     scales = {form.scale for _, _, form in region.terms}
@@ -70,23 +189,37 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
     (scale,) = scales
     if any(r.node is not scale and r.scale is not scale for r in region.reductions):
         return []
-    masks = []
+    masks, nodes = [], set(region.nodes)
     node = scale.args[0]
     while isinstance(node, fx.Node) and node.op == "call_function":
         p = packet(node.target)
-        if p is aten._to_copy and node.kwargs.get("dtype") in (torch.float32, torch.float16, torch.bfloat16):
+        if _is_float_cast(node):
             node = node.args[0]
+            continue
+        if p is aten.add and len(node.args) == 2 and "alpha" not in node.kwargs:
+            # s + where(c, 0, F): skipped scores s + F, bounded through s's ops (no -inf here: a
+            # +inf score plus -inf is NaN in eager, which a skipped tile would lose)
+            for s, m in (node.args, reversed(node.args)):
+                mask = _mask_of(m, kinds, nodes)
+                if mask is not None and math.isfinite(mask[2]) and not region.partners:
+                    bound = score_bound(s, region.frame, abs(mask[2]))
+                    if bound is not None:
+                        masks.append(TileMask(*mask, addend=bound[0]))
+                        node = s
+                        break
+            else:
+                break
             continue
         if p is not aten.where:
             break
         cond, a, b = node.args
-        if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, set(region.nodes))):
+        if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, nodes)):
             break
-        if _is_neg_inf(b):
-            masks.append(TileMask(cond, False))
+        if _fill(b) is not None:
+            masks.append(TileMask(cond, False, _fill(b)))
             node = a
-        elif _is_neg_inf(a):
-            masks.append(TileMask(cond, True))
+        elif _fill(a) is not None:
+            masks.append(TileMask(cond, True, _fill(a)))
             node = b
         else:
             break

@@ -89,9 +89,20 @@ def min_max_per_tile(t: torch.Tensor, axis: int, block: int) -> tuple[torch.Tens
     return t.unflatten(axis, (-1, block)).aminmax(dim=axis + 1)
 
 
+def largest_magnitude(t: torch.Tensor) -> tuple[torch.Tensor]:
+    """``max |t|`` as a scalar tensor of ``t``'s dtype (exact: one of its values), read once per
+    stored element: a broadcast (stride-0) axis is narrowed to one entry first."""
+    for axis in range(t.dim()):
+        if t.stride(axis) == 0 and t.shape[axis] > 1:
+            t = t.narrow(axis, 0, 1)
+    return (torch.linalg.vector_norm(t, math.inf),)
+
+
 def tile_summaries(plan: KernelPlan, inputs: list, block_n: int) -> list:
-    """``(min, max)`` per key tile of each input in ``plan.summaries`` for this launch's tiles."""
-    return [min_max_per_tile(inputs[i], axis, block_n) for i, axis in plan.summaries]
+    """``(min, max)`` per key tile of each input in ``plan.summaries`` for this launch's tiles
+    (``(max |input|,)`` for an entry without an axis)."""
+    return [largest_magnitude(inputs[i]) if axis is None else min_max_per_tile(inputs[i], axis, block_n)
+            for i, axis in plan.summaries]
 
 
 # View ops that ``rewrite.with_direct_calls`` folds into a region's call (they keep the storage
