@@ -12,7 +12,8 @@ from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONF
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 from test_fused import FUSED_VARIANTS
-from test_sparsity import COMBINE, MASKS, _padded_program, _padding_args, _program, _skipping_changes_nothing, runs
+from test_sparsity import (COMBINE, MASKS, _finite_fill, _padded_program, _padding_args, _program,
+                           _skipping_changes_nothing, runs)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -170,6 +171,21 @@ def test_boolean_masks_skip_tiles_soundly_on_gpu(key_runs, query_runs, combine):
     padded = _padded_program(combine)
     args = _padding_args(key_runs, query_runs, torch.float16, "cuda")
     _skipping_changes_nothing(padded, args)
+
+
+@pytest.mark.parametrize("spelling", ["where", "additive"])
+def test_finite_fill_masks_on_gpu(spelling):
+    """transformers' ``finfo.min`` masks, causal and left-padded, in bf16 on the GPU (whichever
+    kernel the tuner keeps): within eager's error, and a row every key masks is V's average."""
+    fn = _finite_fill(spelling)
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=4, Hkv=4, M=1000, N=1000, D=64, Dv=64), torch.bfloat16, "cuda")
+    padding = torch.ones(2, 1000, dtype=torch.bool, device="cuda")
+    padding[1, :300] = False
+    args = (q, k, v, padding)
+    out = fxflash.optimize(fn)(*args)
+    assert_accurate(fn, args, out)
+    torch.testing.assert_close(out[1, :, :300].float(), v[1].float().mean(-2, keepdim=True).expand(-1, 300, -1),
+                               atol=2e-2, rtol=0)
 
 
 def test_tensors_on_different_devices_raise_eagers_error():

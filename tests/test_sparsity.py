@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxflash
+from fxflash.runtime import launch
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 
@@ -197,6 +198,14 @@ def _softmax_of(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x.to(torch.promote_types(x.dtype, torch.float32)), dim=-1).to(x.dtype)
 
 
+def _recording(run_repair, flagged: list):
+    """``Launcher.run_repair`` that appends a copy of the row flags it is given to ``flagged``."""
+    def run(self, inputs, frame, out, sides, flags, *args, **kwargs):
+        flagged.append(flags.clone())
+        return run_repair(self, inputs, frame, out, sides, flags, *args, **kwargs)
+    return run
+
+
 def _finite_fill(spelling: str):
     """Causal and left-padded attention, masked with ``finfo.min`` the ways transformers' models
     write it: GPT-2's ``where(keep, s, min)``, ``masked_fill(~keep, min)``, and the eager
@@ -204,7 +213,8 @@ def _finite_fill(spelling: str):
     def masked(q, k, v, padding):
         b, _, m, d = q.shape
         n = k.size(-2)
-        keep = (torch.arange(n)[None, :] <= torch.arange(m)[:, None])[None, None] & padding[:, None, None, :]
+        i = torch.arange(max(m, n), device=q.device)
+        keep = (i[None, :n] <= i[:m, None])[None, None] & padding[:, None, None, :]
         s = q @ k.transpose(-1, -2) * d ** -0.5
         low = torch.finfo(q.dtype).min
         if spelling == "where":
@@ -212,8 +222,8 @@ def _finite_fill(spelling: str):
         elif spelling == "masked_fill":
             s = s.masked_fill(~keep, low)
         else:
-            s = s + torch.where(keep.expand(b, -1, m, n), torch.zeros((), dtype=q.dtype),
-                                torch.scalar_tensor(low, dtype=q.dtype))
+            s = s + torch.where(keep.expand(b, -1, m, n), torch.zeros((), dtype=q.dtype, device=q.device),
+                                torch.scalar_tensor(low, dtype=q.dtype, device=q.device))
         return _softmax_of(s) @ v
 
     return masked
@@ -222,7 +232,7 @@ def _finite_fill(spelling: str):
 @pytest.mark.parametrize("spelling, dtype", [("where", torch.float32), ("masked_fill", torch.bfloat16),
                                              ("additive", torch.float32), ("additive", torch.bfloat16),
                                              ("additive", torch.float16)])
-def test_finite_fill_masks_skip_tiles(spelling, dtype):
+def test_finite_fill_masks_skip_tiles(spelling, dtype, monkeypatch):
     """A ``finfo.min`` mask is finite: a row every key masks (left padding) averages all of them in
     eager. Its tiles are skipped all the same, and such rows are flagged and computed again
     over every key; the additive spelling also checks its bound on the scores."""
@@ -237,7 +247,13 @@ def test_finite_fill_masks_skip_tiles(spelling, dtype):
     assert region.fused and SCAN in region.source
     assert any("block sparsity" in step and "computed again over every key" in step for step in region.steps)
     assert ("fill_bound" in region.source) == (spelling == "additive")
+    # rows every key masks are V's average where every masked score is F exactly (not flagged); in
+    # fp16, s − 65504 rounds to steps of 32 for these scores, so those rows are computed again
+    assert "uniform" in region.source
+    flagged = []
+    monkeypatch.setattr(launch.Launcher, "run_repair", _recording(launch.Launcher.run_repair, flagged))
     out = fxflash.optimize(fn)(*args)
+    assert bool(flagged) and all((f.view(2, 2, 100)[1, :, :70] == 0).all() for f in flagged) == (dtype is not torch.float16)
     assert_accurate(fn, args, out)
     # the fully masked rows are eager's average over every key, not over the tiles visited
     torch.testing.assert_close(out[1, :, :70].float(), v[1].float().mean(-2, keepdim=True).expand(-1, 70, -1),
@@ -271,6 +287,26 @@ def test_a_masked_score_beyond_the_bound_is_not_skipped():
     eager = masked(*args)
     torch.testing.assert_close(eager[0, 0], v[0, 0, 100:101].expand(n, -1), atol=1e-3, rtol=0)  # key 100 wins
     torch.testing.assert_close(out, eager, atol=1e-3, rtol=0)
+
+
+def test_a_row_whose_visible_scores_are_below_the_threshold_is_not_averaged():
+    """fp32, ``where(causal, s, finfo.min)``: row 0 sees key 0 alone, at ``-1e38`` (below ``-T``),
+    which still outweighs the masked keys' ``-3.4e38``, so eager's row 0 is V's row 0, not the
+    average of V. The bound on the scores rules out the average there: the row is computed again."""
+    def masked(q, k, v):
+        keep = torch.arange(k.size(-2))[None, :] <= torch.arange(q.size(-2))[:, None]
+        return torch.softmax(torch.where(keep, q @ k.transpose(-1, -2), torch.finfo(q.dtype).min), dim=-1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=1, Hkv=1, M=40, N=40, D=16, Dv=16))
+    q[..., 0] = 0.0
+    q[0, 0, 0, 0], k[0, 0, 0, 0] = 1e19, -1e19
+    args = (q, k, v)
+    (region,) = fxflash.explain(masked, *args).regions
+    assert "uniform" in region.source
+    out = fxflash.optimize(masked)(*args)
+    eager = masked(*args)
+    torch.testing.assert_close(eager[0, 0, 0], v[0, 0, 0])
+    torch.testing.assert_close(out, eager)
 
 
 @pytest.mark.parametrize("divide", [lambda x: x // -4, lambda x: x % -4, lambda x: torch.div(x, 4, rounding_mode="trunc")],

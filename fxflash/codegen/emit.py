@@ -89,7 +89,7 @@ class KernelPlan:
                                     # (None: contiguous, stored without strides)
     summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
                              # that axis the launch computes for its BLOCK_N ("summary" args);
-                             # axis None: the input's largest magnitude, a scalar tensor
+                             # (input, "absmax" | "colsum"): _Printer.summary_param
     dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
     unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
     flags: bool = False      # the kernel flags the rows it leaves to the repair kernel (sat_ptr)
@@ -256,6 +256,7 @@ class _Printer:
         self.checks: list = []     # (row value, bound): rows where it reaches ``bound`` are flagged too
         self.checks_output = False  # rows whose output is inf or NaN are flagged too
         self.fill_checks: list = []  # conditions flagging rows a finite-fill mask's skipped tiles may reach
+        self.uniform = False         # rows every key masks get V's average (uniform_mask)
         self.flags_rows = True     # flag rows for the repair kernel (not in the repair kernel itself)
         self.fma = False           # prints E(x − m) as a multiply-add (then launched with fp contraction)
         # eager's own form (the repair kernel): the row values in a first pass over N, P·V of the
@@ -1209,35 +1210,71 @@ class _Printer:
         above ``-T`` (every score it saw masked, or none seen), or, for an additive mask, this
         program's bound on the scores the fill is added to reaches ``T``. The bound is
         ``D · max|q| · max|k|`` (the whole K's largest magnitude, a scalar the launch computes),
-        with 1/64 of slack for the roundings between the contraction and the mask."""
+        with 1/64 of slack for the roundings between the contraction and the mask. The lines
+        that compute them go right after the output's, which they may replace (``uniform_mask``)."""
         finite = [m for m in self.r.tile_masks if m.threshold is not None]
         if not finite:
             return []
         (scale,) = {form.scale for _, _, form in self.r.terms}
-        checks = [f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
-                  for st in self.streams]
-        additive = [m for m in finite if m.addend is not None]
-        if additive:
-            k_max = f"tl.load({self.absmax_param(self.r.k.node)}).to(tl.float32)"
-            for op, c in self.r.k.scale:  # K's tile as the dot reads it (_scaled)
-                k_max += f" * {abs(float(c)) if op == 'mul' else 1.0 / abs(float(c))!r}"
-            q_max = functools.reduce(lambda a, b: f"tl.maximum({a}, {b})",
-                                     [f"tl.max(tl.abs(q{self.sfx(st)}.to(tl.float32)))" for st in self.streams])
-            self.post.append(f"dot_bound = {float(self.r.D)!r} * {q_max} * {k_max} * 1.015625")
-            for j, m in enumerate(additive):
-                self.post.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
-                                 f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
+        unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
+                                for st in self.streams)
+        uniform = self.uniform_mask()
+        lines, checks = [], []
+        if uniform is not None or any(m.addend is not None for m in finite):
+            lines.append(f"dot_bound = {float(self.r.D)!r} * {self.operand_max('q')} * {self.operand_max('k')} "
+                         "* 1.015625")
+        for j, m in enumerate(finite):
+            if m.addend is not None:
+                lines.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
+                             f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
                 checks.append(f"~(fill_bound{j} + tl.abs(fill_bound{j}) * 0.015625 + 1.0 < {m.threshold!r})")
+        if uniform is not None:
+            # every score of a row every key masks is F: its output is the plain average of V
+            lines += [f"live_bound = {uniform.scores.dot!r} * dot_bound + {uniform.scores.const!r} "
+                      "+ tl.zeros([BLOCK_M, 1], tl.float32)",
+                      f"uniform = ({unresolved}) & (live_bound * 1.015625 + 1.0 < {uniform.exact_below!r})",
+                      f"v_mean = tl.load({self.summary_param(self.r.v.node, 'colsum')} + lin.to(tl.int64) * DV "
+                      "+ offs_dv[None, :], mask=offs_dv[None, :] < DV, other=0.0) / N",
+                      "out = tl.where(uniform, v_mean, out)"]
+            self.uniform = True
+        checks.append(f"({unresolved}) & ~uniform" if uniform is not None else unresolved)
+        self.post[self.out_at + 1:self.out_at + 1] = lines
         return checks
 
-    def absmax_param(self, node: fx.Node) -> str:
-        """The parameter holding the largest magnitude of input ``node``, a scalar tensor the
-        launch computes at each call (a ``KernelPlan.summaries`` entry with axis None)."""
-        key = (self.tensor_input(node), None)
+    def uniform_mask(self):
+        """The tile mask under which a row every key masks is computed without visiting a tile, or
+        None: the region is ``softmax(x)·V`` (one stream, V unscaled) under one finite-fill mask
+        with a bound on the scores beneath it (TileMask.scores); then, where that bound is below
+        the mask's ``exact_below``, such a row's scores are all ``F`` and its output is the average
+        of V over all keys, read from the column sums the launch computes (``colsum``)."""
+        from .gluon import softmax_of  # the softmax analysis the Gluon kernel is printed from
+
+        (mask, *others), r = self.r.tile_masks, self.r
+        if (others or mask.scores is None or mask.exact_below is None or r.split is not None or r.v.scale
+                or isinstance(softmax_of(r), str)):
+            return None
+        return mask
+
+    def operand_max(self, label: str) -> str:
+        """The largest magnitude of the Q tile (this program's rows) or of the whole K (a scalar
+        the launch computes), as the score contraction reads them (_scaled)."""
+        if label == "q":
+            return functools.reduce(lambda a, b: f"tl.maximum({a}, {b})",
+                                    [f"tl.max(tl.abs(q{self.sfx(st)}.to(tl.float32)))" for st in self.streams])
+        code = f"tl.load({self.summary_param(self.r.k.node, 'absmax')}).to(tl.float32)"
+        for op, c in self.r.k.scale:
+            code += f" * {abs(float(c)) if op == 'mul' else 1.0 / abs(float(c))!r}"
+        return code
+
+    def summary_param(self, node: fx.Node, kind: str) -> str:
+        """The parameter holding a summary of input ``node`` that the launch computes at each call
+        (``KernelPlan.summaries``): ``absmax``, its largest magnitude (a scalar), or ``colsum``, its
+        sums over N in fp32 (``[batch, Dv]``, the batch flat as ``lin``)."""
+        key = (self.tensor_input(node), kind)
         if key not in self.summaries:
             self.summaries.append(key)
-            self.param(f"sum{len(self.summaries) - 1}_abs", ("summary", len(self.summaries) - 1, 0))
-        return f"sum{self.summaries.index(key)}_abs"
+            self.param(f"sum{len(self.summaries) - 1}_{kind}", ("summary", len(self.summaries) - 1, 0))
+        return f"sum{self.summaries.index(key)}_{kind}"
 
     @property
     def flags(self) -> bool:
@@ -1252,8 +1289,9 @@ class _Printer:
         which an accumulation of unnormalized terms can reach where eager's normalized one does
         not. Rows past ``M`` are left out."""
         bound = SATURATION_LOG2.get(self.r.q.node.meta["val"].dtype)  # 16-bit inputs: their maxima flagged
+        kept = " & ~uniform" if self.uniform else ""  # those rows are exact (uniform_mask)
         bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
-               + (f" & ({acc} != float('-inf'))" if guarded else "") for acc, log2, guarded in self.saturable]
+               + (f" & ({acc} != float('-inf'))" if guarded else "") + kept for acc, log2, guarded in self.saturable]
         if self.checks_output:
             bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")
         bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]

@@ -58,17 +58,34 @@ class Affine:
 @dataclasses.dataclass(frozen=True)
 class TileMask:
     """``fill`` where ``condition`` equals ``masked_when``; ``condition`` is an index expression.
-    ``addend``: for an additive mask with a finite fill, an upper bound on what it is added to."""
+    ``addend``: for an additive mask with a finite fill, an upper bound on what it is added to.
+    ``scores``: a bound on the magnitude of the scores beneath the masks (None: no rule), and
+    ``exact_below``: for a finite fill, the magnitude of those scores below which every masked
+    score is ``F`` exactly (in fp32 and in the mask's dtype), so that a row every key masks is the
+    plain average over all keys."""
 
     condition: fx.Node
     masked_when: bool
     fill: float = -math.inf
     addend: Affine | None = None
+    scores: Affine | None = None
+    exact_below: float | None = None
 
     @property
     def threshold(self) -> float | None:
         """``T`` of a finite fill (module docstring); None for ``-inf``."""
         return abs(self.fill) / 4 if math.isfinite(self.fill) else None
+
+
+def _exact_below(fill: float, dtype: torch.dtype, additive: bool) -> float:
+    """The score magnitude below which ``fill`` masks exactly (TileMask.exact_below): no live score
+    reaches ``−T`` (so a row whose maximum is below it saw none), and an additive mask's ``s + F``
+    rounds to ``F`` (a quarter of its spacing in fp32 and in ``dtype``)."""
+    below = abs(fill) / 4
+    if additive:
+        top = 2.0 ** math.floor(math.log2(abs(fill)))
+        below = min(below, *(top * torch.finfo(d).eps / 4 for d in (torch.float32, dtype)))
+    return below
 
 
 def _fill(arg) -> float | None:
@@ -204,7 +221,8 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
                 if mask is not None and math.isfinite(mask[2]) and not region.partners:
                     bound = score_bound(s, region.frame, abs(mask[2]))
                     if bound is not None:
-                        masks.append(TileMask(*mask, addend=bound[0]))
+                        masks.append(TileMask(*mask, addend=bound[0],
+                                              exact_below=_exact_below(mask[2], node.meta["val"].dtype, True)))
                         node = s
                         break
             else:
@@ -215,12 +233,14 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
         cond, a, b = node.args
         if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, nodes)):
             break
-        if _fill(b) is not None:
-            masks.append(TileMask(cond, False, _fill(b)))
-            node = a
-        elif _fill(a) is not None:
-            masks.append(TileMask(cond, True, _fill(a)))
-            node = b
-        else:
+        fill, kept, masked_when = (_fill(b), a, False) if _fill(b) is not None else (_fill(a), b, True)
+        if fill is None:
             break
-    return masks
+        masks.append(TileMask(cond, masked_when, fill,
+                              exact_below=_exact_below(fill, node.meta["val"].dtype, False)
+                              if math.isfinite(fill) else None))
+        node = kept
+    if not masks:
+        return []
+    bound = score_bound(node, region.frame, max(abs(m.fill) for m in masks))
+    return [dataclasses.replace(m, scores=bound and bound[1]) for m in masks]

@@ -89,20 +89,34 @@ def min_max_per_tile(t: torch.Tensor, axis: int, block: int) -> tuple[torch.Tens
     return t.unflatten(axis, (-1, block)).aminmax(dim=axis + 1)
 
 
-def largest_magnitude(t: torch.Tensor) -> tuple[torch.Tensor]:
-    """``max |t|`` as a scalar tensor of ``t``'s dtype (exact: one of its values), read once per
-    stored element: a broadcast (stride-0) axis is narrowed to one entry first."""
+def _stored(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with each broadcast (stride-0) axis narrowed to one entry: its stored elements once."""
     for axis in range(t.dim()):
         if t.stride(axis) == 0 and t.shape[axis] > 1:
             t = t.narrow(axis, 0, 1)
-    return (torch.linalg.vector_norm(t, math.inf),)
+    return t
+
+
+def largest_magnitude(t: torch.Tensor) -> tuple[torch.Tensor]:
+    """``max |t|`` as a scalar tensor of ``t``'s dtype (exact: one of its values)."""
+    return (torch.linalg.vector_norm(_stored(t), math.inf),)
+
+
+def column_sums(t: torch.Tensor) -> tuple[torch.Tensor]:
+    """The sums over N of ``t`` (``[*batch, N, Dv]``) in fp32, as a dense ``[batch, Dv]`` tensor
+    whose rows follow the kernel's flat batch index ``lin``."""
+    return (_stored(t).sum(-2, dtype=torch.float32).expand(*t.shape[:-2], t.shape[-1]).reshape(-1, t.shape[-1]),)
+
+
+# The summaries a launch computes (KernelPlan.summaries' second entries other than an axis).
+SUMMARIES = {"absmax": largest_magnitude, "colsum": column_sums}
 
 
 def tile_summaries(plan: KernelPlan, inputs: list, block_n: int) -> list:
-    """``(min, max)`` per key tile of each input in ``plan.summaries`` for this launch's tiles
-    (``(max |input|,)`` for an entry without an axis)."""
-    return [largest_magnitude(inputs[i]) if axis is None else min_max_per_tile(inputs[i], axis, block_n)
-            for i, axis in plan.summaries]
+    """Each summary of ``plan.summaries`` for this launch: ``(min, max)`` per key tile along an
+    axis for this launch's tiles, or one of SUMMARIES."""
+    return [SUMMARIES[kind](inputs[i]) if isinstance(kind, str) else min_max_per_tile(inputs[i], kind, block_n)
+            for i, kind in plan.summaries]
 
 
 # View ops that ``rewrite.with_direct_calls`` folds into a region's call (they keep the storage
