@@ -155,3 +155,30 @@ def test_bad_argument_to_optimize():
         fxflash.optimize(42)
     with pytest.raises(ValueError, match="inner must be one of"):
         fxflash.optimize(torch.nn.Linear(2, 2), inner="tvm")
+
+
+def test_a_copied_zero_dimensional_constant_is_a_scalar():
+    """``torch.tensor(0.0, device="cuda")`` traces to ``detach(lift_fresh_copy(c))`` of a constant the
+    module holds: the capture makes it ``scalar_tensor(0.0)``, the constant the fusion rules read
+    (transformers' eager mask ``where(keep, torch.tensor(0.0, …), finfo.min)``), with the same result."""
+    from fxflash.analysis.ops import constant_value
+    from fxflash.capture.scalar_constants import scalars_from_constants
+
+    aten = torch.ops.aten
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    gm.register_buffer("_tensor_constant0", torch.tensor(0.5, dtype=torch.bfloat16))
+    g = gm.graph
+    x = g.placeholder("x")
+    copy = g.call_function(aten.lift_fresh_copy.default, (g.get_attr("_tensor_constant0"),))
+    add = g.call_function(aten.add.Tensor, (x, g.call_function(aten.detach.default, (copy,))))
+    g.output(add)
+    gm.recompile()
+    x = torch.randn(3, dtype=torch.bfloat16)
+    expected = gm(x)
+    assert scalars_from_constants(gm) > 0
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert ops == {aten.scalar_tensor.default, aten.add.Tensor}, ops
+    assert constant_value(add.args[1]) == 0.5 and add.args[1].kwargs["dtype"] is torch.bfloat16
+    assert torch.equal(gm(x), expected)

@@ -26,6 +26,7 @@ from .decompositions import decomposition_table
 from .batch_views import hoist_batch_views
 from .iota_index import index_by_iotas
 from .layout_chains import collapse_layout_chains
+from .scalar_constants import scalars_from_constants
 from .snapshot import Snapshot, real_copies
 
 log = logging.getLogger("fxflash")
@@ -162,6 +163,7 @@ def capture(
             continue
         with stage("capture"):
             gm.graph.eliminate_dead_code()
+            scalars_from_constants(gm)
             collapse_layout_chains(gm)
             index_by_iotas(gm)
             hoist_batch_views(gm)
