@@ -260,6 +260,27 @@ def test_finite_fill_masks_skip_tiles(spelling, dtype, monkeypatch):
                                atol=2e-2, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_every_key_masks_with_minus_inf_are_not_repaired(dtype, monkeypatch):
+    """With ``-inf``, a row every key masks is NaN in eager and 0/0 = NaN in the kernel: it is not
+    flagged for the repair kernel (which would compute the same NaN again), and the output is
+    eager's, NaN pattern included."""
+    def masked(q, k, v, padding):
+        i = torch.arange(q.size(-2))
+        keep = (i[None, :] <= i[:, None])[None, None] & padding[:, None, None, :]
+        return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=100, N=100, D=16, Dv=16), dtype)
+    padding = torch.ones(2, 100, dtype=torch.bool)
+    padding[1, :70] = False
+    flagged = []
+    monkeypatch.setattr(launch.Launcher, "run_repair", _recording(launch.Launcher.run_repair, flagged))
+    out = fxflash.optimize(masked)(q, k, v, padding)
+    assert flagged and all((f.view(2, 2, 100)[1, :, :70] == 0).all() for f in flagged)
+    assert out[1, :, :70].isnan().all() and not out[0].isnan().any()
+    assert_accurate(masked, (q, k, v, padding), out)
+
+
 def test_a_masked_score_beyond_the_bound_is_not_skipped():
     """fp16, ``finfo.min = -65504``: a masked score of 65440 adds up to ``-64``, which outweighs the
     visible scores of ``-120``, so eager's rows are that masked key's value. The bound

@@ -252,11 +252,12 @@ class _Printer:
         self.vars = self.vars_of[None]
         self.stream = None
         self.sixteen_bit = region.q.node.meta["val"].element_size() == 2
-        self.saturable: list = []  # (running maximum, kept in exp2 units, -inf guarded) whose rows are flagged
+        self.saturable: list = []  # (running maximum, kept in exp2 units, -inf guarded, its rows' seen_) flagged
         self.checks: list = []     # (row value, bound): rows where it reaches ``bound`` are flagged too
         self.checks_output = False  # rows whose output is inf or NaN are flagged too
         self.fill_checks: list = []  # conditions flagging rows a finite-fill mask's skipped tiles may reach
         self.uniform = False         # rows every key masks get V's average (uniform_mask)
+        self.seen: list = []         # per unguarded running maximum: its rows saw a score above -inf (seen_)
         self.flags_rows = True     # flag rows for the repair kernel (not in the repair kernel itself)
         self.fma = False           # prints E(x − m) as a multiply-add (then launched with fp contraction)
         # eager's own form (the repair kernel): the row values in a first pass over N, P·V of the
@@ -942,12 +943,22 @@ class _Printer:
             base, c = (x.scaled or (x.code, None)) if fma else (x.code, None)
             log2 = fma and self.max_in_log2(red.node)
             self.fma = self.fma or fma
-            if red.combine == "max" and hom is not None and self.sixteen_bit and self.flags_rows:
-                self.saturable.append((acc, log2, _neg_inf_guarded(red.node)))
             if log2:
                 c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
             tile = f"tl.{red.combine}(tl.where(col_ok, {base}, {fill}), 1, keep_dims=True)"
+            if red.combine == "max" and hom is not None and self.flags_rows:
+                # the rows that saw a score above -inf (the scaled maximum, in exp2 units, may
+                # overflow to -inf where the scores are finite): saturated_rows leaves the others
+                # to the kernel
+                seen = f"seen_{name}"
+                self.pre.append(f"{seen} = tl.full([BLOCK_M, 1], 0, tl.int1)")
+                self.loop += [f"raw_{name} = {tile}", f"{seen} = {seen} | (raw_{name} != float('-inf'))"]
+                tile = f"raw_{name}"
+                if self.sixteen_bit:
+                    self.saturable.append((acc, log2, _neg_inf_guarded(red.node), seen))
+                if not _neg_inf_guarded(red.node):
+                    self.seen.append(seen)
             self.loop.append(f"tile_{name} = {tile}{factor}")
             self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
             if red.combine == "max":
@@ -1284,16 +1295,23 @@ class _Printer:
     def saturated_rows(self) -> list[str]:
         """Lines that set ``saturated`` where a row of this program is left to the repair kernel:
         its running maximum in exp2 units reaches SATURATION_LOG2 (or is infinite or NaN; not
-        -inf where the region guards it, ``_neg_inf_guarded``), a
+        where the row saw no score above -inf and the region guards it, ``_neg_inf_guarded``, or
+        the kernel's output row is NaN throughout, as eager's), a
         checked row value reaches its bound, or (``checks_output``) its output is inf or NaN,
         which an accumulation of unnormalized terms can reach where eager's normalized one does
         not. Rows past ``M`` are left out."""
         bound = SATURATION_LOG2.get(self.r.q.node.meta["val"].dtype)  # 16-bit inputs: their maxima flagged
         kept = " & ~uniform" if self.uniform else ""  # those rows are exact (uniform_mask)
         bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
-               + (f" & ({acc} != float('-inf'))" if guarded else "") + kept for acc, log2, guarded in self.saturable]
+               + (f" & {seen}" if guarded else "") + kept for acc, log2, guarded, seen in self.saturable]
         if self.checks_output:
             bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")
+        if bad and self.seen:
+            # a row that saw only -inf scores is NaN throughout in eager (exp(-inf − (-inf))): where
+            # the kernel's is NaN throughout too (the softmax's 0/0), the repair kernel would
+            # compute the same again
+            unseen = " | ".join(f"~{seen}" for seen in self.seen)
+            bad = [f"{b} & ~(({unseen}) & (tl.min((out != out).to(tl.int32), 1, keep_dims=True) > 0))" for b in bad]
         bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
         bad += self.fill_checks
         lines = [f"saturated = {ROW} < 0"]

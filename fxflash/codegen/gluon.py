@@ -791,7 +791,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     ``out_tma``: the output stored by TMA (_GluonPrinter.tma_store); ``check_acc``: rows whose
     accumulator overflowed are flagged too (emit._Printer.bounded_accumulation); ``saturation``:
     the bound on a row's maximum in exp2 units beyond which it is flagged (emit.SATURATION_LOG2);
-    ``zero_empty_rows``: a row whose every score is -inf is 0 and not flagged (Softmax.zero_empty_rows)."""
+    ``zero_empty_rows``: a row whose every score is -inf is 0 (Softmax.zero_empty_rows), not NaN."""
     api = gluon_api()
     streams = _StreamLines.of(len(weights), api["tma_load"])
     fbs = "".join(f"fb{i}, " for i in range(fb))
@@ -866,7 +866,6 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
             "\n    else:\n        o_bufs = turns  # never read: the rows are stored per element" if out_tma else ""),
         store=body("    " + line for line in streams.epilogue(store, weights)), q_scale=_q_scale_lines(q_scale),
-        empty_rows_kept=" & (m != float('-inf'))" if zero_empty_rows else "",
         normalize=_normalize(zero_empty_rows, options.row_reciprocal))
 
 
@@ -1163,7 +1162,9 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     _pass_turn(turns, WG, PINGPONG){store_drain}
     s = warpgroup_mma_wait(0, deps=(s, ))
     {first_score}
-    m = gl.max(x, axis=1) * {k}
+    mx = gl.max(x, axis=1)
+    m = mx * {k}
+    seen = mx != float('-inf')  # a score above -inf (m·k may overflow to -inf where it is finite)
     mu = gl.maximum(m, -{flt_max})
     p = gl.exp2(x * {k} - gl.expand_dims(mu, 1))
     if ROW_SUM:
@@ -1188,7 +1189,9 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
         else:
             s = warpgroup_mma_wait(1, deps=(s_next, ))
         {loop_score}
-        m = gl.maximum(m, gl.max(x, axis=1) * {k}, propagate_nan=tl.PropagateNan.ALL)
+        mx = gl.max(x, axis=1)
+        m = gl.maximum(m, mx * {k}, propagate_nan=tl.PropagateNan.ALL)
+        seen = seen | (mx != float('-inf'))
         mu_new = gl.maximum(m, -{flt_max})
         alpha = gl.exp2(mu - mu_new)
         p = gl.exp2(x * {k} - gl.expand_dims(mu_new, 1))
@@ -1218,11 +1221,12 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     _release(kv_empty.index(last), TILE_LOADS)
 
     # rows whose running maximum reached emit.SATURATION_LOG2 (the multiply-add form's exact range,
-    # or in fp16 where eager's own rounding decides),
+    # or in fp16 where eager's own rounding decides) and that saw a score above -inf (a row of
+    # -inf scores is 0 with zero_empty_rows, else 0/0 = NaN throughout, as eager's softmax),
     # and over bf16 V rows whose unnormalized accumulator overflowed (emit's bounded_accumulation):
     # flagged for the launch's repair kernel, which computes them again in eager's own form
     sat_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    saturated = ~(gl.abs(m) < {saturation}){empty_rows_kept}
+    saturated = ~(gl.abs(m) < {saturation}) & seen
     if CHECK_ACC:
         overflowed = gl.max((~(gl.abs(acc) < float('inf'))).to(gl.int32), axis=1) > 0
         saturated = saturated | gl.convert_layout(overflowed, gl.SliceLayout(1, s_layout))
