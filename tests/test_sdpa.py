@@ -124,8 +124,9 @@ def test_explain_names_the_call_a_region_was_read_from(device):
 def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired(device):
     """A 16-bit kernel leaves rows whose running maximum is infinite to the repair kernel; the math
     form's safe softmax replaces a -inf maximum by 0 before any use, so eager's row is exp(-inf) = 0
-    everywhere, as the kernel's: such rows (a left-padded batch's padding queries) are not flagged.
-    A softmax that reads the -inf maximum itself still flags them."""
+    everywhere, as the kernel's: such rows (a left-padded batch's padding queries: no score above
+    -inf seen) are not flagged. A softmax that reads the -inf maximum itself leaves them where the
+    kernel's row is NaN throughout, as eager's."""
     q, k = (_rnd(2, 4, n, 16, dtype=torch.bfloat16, device=device) for n in (19, 37))
     keep = _bool_mask(device)
 
@@ -136,8 +137,26 @@ def test_fully_masked_rows_of_the_safe_softmax_are_not_repaired(device):
     (safe,) = fxflash.explain(lambda q, k, v: sdpa(q, k, v, attn_mask=keep), q, k, k).regions
     (plain,) = fxflash.explain(plain_softmax, q, k, k).regions
     flag = [line for line in safe.source.splitlines() if "saturated = saturated |" in line and "acc_amax" in line]
-    assert flag and all("!= float('-inf')" in line for line in flag)
-    assert "!= float('-inf')" not in plain.source
+    assert flag and all("& seen_amax" in line and "(out != out)" not in line for line in flag)
+    flag = [line for line in plain.source.splitlines() if "saturated = saturated |" in line and "acc_amax" in line]
+    assert flag and all("~seen_amax" in line and "(out != out)" in line for line in flag)
+
+
+def test_a_row_of_finfo_min_scores_under_the_safe_softmax_is_eagers_average(device):
+    """A float mask of bf16's ``finfo.min`` over every key of a row: its scores are finite, and
+    eager's row is the average of V; the scaled maximum overflows to -inf in exp2 units, yet the
+    row saw scores above -inf, so it is repaired, not taken for a row of -inf scores (0)."""
+    q, k, v = (_rnd(2, 4, 37, 16, dtype=torch.bfloat16, device=device) for _ in range(3))
+    mask = torch.zeros(2, 1, 37, 37, dtype=torch.bfloat16, device=device)
+    mask[1, :, :5] = torch.finfo(torch.bfloat16).min  # batch 1's first five queries: every key masked
+
+    def call(q, k, v, mask):
+        return sdpa(q, k, v, attn_mask=mask)
+
+    out = fxflash.optimize(call)(q, k, v, mask)
+    torch.testing.assert_close(out[1, :, :5].float(), v[1].float().mean(-2, keepdim=True).expand(-1, 5, -1),
+                               atol=2e-2, rtol=0)
+    assert_accurate(call, (q, k, v, mask), out)
 
 
 @pytest.mark.fusion_independent
