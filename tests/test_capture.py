@@ -157,6 +157,7 @@ def test_bad_argument_to_optimize():
         fxflash.optimize(torch.nn.Linear(2, 2), inner="tvm")
 
 
+@pytest.mark.fusion_independent
 def test_a_copied_zero_dimensional_constant_is_a_scalar():
     """``torch.tensor(0.0, device="cuda")`` traces to ``detach(lift_fresh_copy(c))`` of a constant the
     module holds: the capture makes it ``scalar_tensor(0.0)``, the constant the fusion rules read

@@ -71,3 +71,43 @@ def test_an_mlp_is_not_an_attention_chain():
     assert chains_of(VARIANTS["mlp"].fn, x, w1, w2) == []
     batched = chains_of(VARIANTS["relu_attention"].fn, *VARIANTS["relu_attention"].inputs(SHAPES["mha"]))
     assert len(batched) == 1 and not batched[0].reductions
+
+
+def _residual_layers(x, wq, wk, wv, wo, w1, w2):
+    """Three layers of attention and an MLP on a residual stream, the weights shared: every
+    layer's projections reach every later layer's through the residual adds."""
+    for _ in range(3):
+        q, k, v = (x @ w for w in (wq, wk, wv))
+        x = x + (torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v) @ wo
+        x = x + torch.relu(x @ w1) @ w2
+    return x
+
+
+def test_chain_discovery_finds_the_nodes_between_two_contractions_as_networkx_does():
+    """Chain discovery searches between two contractions only inside what the first reaches with
+    no contraction on the way, and skips a pair with a contraction between: for every pair it
+    pairs, the nodes between and whether a contraction lies between are networkx's."""
+    import networkx as nx
+
+    from fxflash.patterns import chains as C
+    from helpers import analysed
+
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(2, 8, 16, generator=g)] + [torch.randn(16, 16, generator=g) for _ in range(6)]
+    _, analysis = analysed(_residual_layers, *args)
+    contractions = analysis.nodes_of_kind(C.OpKind.CONTRACTION)
+    nexts, inside = {}, {}
+    for c in contractions:
+        nexts[c], inside[c] = C._next_contractions(analysis, c)
+    reach = C._reaching(sorted(contractions, key=analysis.order.__getitem__), nexts)
+    pairs = 0
+    for first in contractions:
+        for second in nexts[first]:
+            full = (nx.descendants(analysis.dataflow, first) & nx.ancestors(analysis.dataflow, second)) - {first, second}
+            crossed = C._contraction_between(first, second, nexts, reach)
+            assert crossed == any(analysis.kinds[n] is C.OpKind.CONTRACTION for n in full)
+            if not crossed:
+                assert C._between(analysis, second, inside[first]) == full
+            pairs += 1
+    assert pairs > 3 * 7  # each layer's projections pair with later layers' through the residual stream
+    assert len(C.find_chains(analysis)) == 3

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fxflash
-from helpers import assert_accurate
+from helpers import assert_accurate, assert_fused
 
 sdpa = F.scaled_dot_product_attention
 
@@ -153,7 +153,9 @@ def test_a_row_of_finfo_min_scores_under_the_safe_softmax_is_eagers_average(devi
     def call(q, k, v, mask):
         return sdpa(q, k, v, attn_mask=mask)
 
-    out = fxflash.optimize(call)(q, k, v, mask)
+    optimized = fxflash.optimize(call)
+    out = optimized(q, k, v, mask)
+    assert_fused(optimized.report(q, k, v, mask))
     torch.testing.assert_close(out[1, :, :5].float(), v[1].float().mean(-2, keepdim=True).expand(-1, 5, -1),
                                atol=2e-2, rtol=0)
     assert_accurate(call, (q, k, v, mask), out)

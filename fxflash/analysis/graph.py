@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import networkx as nx
 import torch.fx as fx
 
 from .dims import DimensionTable, build_dimension_table
-from .ops import OpKind
+from .ops import RANDOM, OpKind, packet
 from .sketch import Sketch, op_kinds, sketch_of
 
 
@@ -43,6 +44,24 @@ class GraphAnalysis:
 
     def nodes_of_kind(self, kind: OpKind) -> list[fx.Node]:
         return [n for n, k in self.kinds.items() if k is kind]
+
+    @functools.cached_property
+    def order(self) -> dict:
+        """Each node's place in the graph, a topological order."""
+        return {n: i for i, n in enumerate(self.graph.graph.nodes)}
+
+    @functools.cached_property
+    def random_downstream(self) -> set:
+        """The nodes that read a value drawn from the random number generator (``ops.RANDOM``),
+        directly or through others, the draws included: one search for the whole graph."""
+        found = {n for n in self.dataflow if n.op == "call_function" and packet(n.target) in RANDOM}
+        stack = list(found)
+        while stack:
+            for node in self.dataflow.successors(stack.pop()):
+                if node not in found:
+                    found.add(node)
+                    stack.append(node)
+        return found
 
     def sketch(self, node: fx.Node) -> Sketch | None:
         return self.sketches.get(node)

@@ -83,16 +83,19 @@ def _reduces_only(analysis: GraphAnalysis, node: fx.Node, dim: tuple) -> bool:
     return all(analysis.dims.dim_id(ax) == dim for ax in analysis.reduced[node])
 
 
-def _graph_order(analysis: GraphAnalysis) -> dict:
-    return {n: i for i, n in enumerate(analysis.graph.graph.nodes)}
-
-
-def is_convex(g: nx.DiGraph, nodes: set) -> bool:
-    """No path leaves ``nodes`` and comes back into it."""
-    outside = {w for u in nodes for w in g.successors(u) if w not in nodes}
-    for w in outside:
-        if nx.descendants(g, w) & nodes:
-            return False
+def is_convex(g: nx.DiGraph, nodes: set, order: dict) -> bool:
+    """No path leaves ``nodes`` and comes back into it. Such a path returns to a node no later (in
+    the topological ``order``) than the last of ``nodes``: the search stops past it."""
+    last = max(order[n] for n in nodes)
+    seen = {w for u in nodes for w in g.successors(u) if w not in nodes and order[w] < last}
+    stack = list(seen)
+    while stack:
+        for w in g.successors(stack.pop()):
+            if w in nodes:
+                return False
+            if w not in seen and order[w] < last:
+                seen.add(w)
+                stack.append(w)
     return True
 
 
@@ -114,10 +117,14 @@ def _is_weight(node) -> bool:
     return isinstance(node, fx.Node) and node.op == "placeholder" and node.meta.get("is_parameter", False)
 
 
-def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order) -> Chain | NearMiss | None:
+def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, order,
+                   between: set | None = None) -> Chain | NearMiss | None:
+    """The chain ``first → second``, a near miss, or None; ``between``: the nodes on paths from
+    one to the other, where the caller knows them."""
     g = analysis.dataflow
     demoted = _demoted_dim(analysis, first)
-    between = (nx.descendants(g, first) & nx.ancestors(g, second)) - {first, second}
+    if between is None:
+        between = (nx.descendants(g, first) & nx.ancestors(g, second)) - {first, second}
 
     def near_miss(reason: str, node: fx.Node | None = None):
         if not all(packet(c.target) is aten.bmm for c in (first, second)):
@@ -158,7 +165,7 @@ def _chain_between(analysis: GraphAnalysis, first: fx.Node, second: fx.Node, ord
             break
         nodes.add(user)
         last = user
-    if not is_convex(g, nodes):
+    if not is_convex(g, nodes, order):
         return near_miss("a path leaves the region and comes back into it")
     ordered = sorted(nodes, key=order.__getitem__)
     inputs = sorted(
@@ -285,11 +292,11 @@ def _score_partners(analysis: GraphAnalysis, chain: Chain, others: set) -> list:
     return partners
 
 
-def _next_contractions(analysis: GraphAnalysis, first: fx.Node) -> set:
-    """The contractions that ``first`` reaches along a path with no contraction inside it. A chain
-    holds no contraction between its two, so only these can close one with ``first``; looking no
-    further keeps chain discovery linear in the graph's size (a layer's producers would otherwise
-    be paired with every later layer's contractions)."""
+def _next_contractions(analysis: GraphAnalysis, first: fx.Node) -> tuple[set, set]:
+    """The contractions that ``first`` reaches along a path with no contraction inside it, and the
+    other nodes on such paths. A chain holds no contraction between its two, so only these can
+    close one with ``first``; looking no further keeps chain discovery linear in the graph's size
+    (a layer's producers would otherwise be paired with every later layer's contractions)."""
     found, seen, stack = set(), {first}, [first]
     while stack:
         for node in analysis.dataflow.successors(stack.pop()):
@@ -300,20 +307,60 @@ def _next_contractions(analysis: GraphAnalysis, first: fx.Node) -> set:
                 found.add(node)
             else:
                 stack.append(node)
+    return found, seen - found - {first}
+
+
+def _between(analysis: GraphAnalysis, second: fx.Node, inside: set) -> set:
+    """The nodes of ``inside`` (those ``first`` reaches with no contraction on the way) from which
+    ``second`` is reached: every node between ``first`` and ``second`` where no contraction lies
+    between them (each such path stays inside)."""
+    found, stack = set(), [second]
+    while stack:
+        for node in analysis.dataflow.predecessors(stack.pop()):
+            if node in inside and node not in found:
+                found.add(node)
+                stack.append(node)
     return found
+
+
+def _reaching(contractions: list, nexts: dict) -> dict:
+    """For each contraction, the contractions it reaches along any path: the transitive closure of
+    ``nexts`` (each one's next contractions), which every such path passes through in turn."""
+    reach = {}
+    for c in reversed(contractions):  # in graph order: a contraction's next ones come later
+        reach[c] = set(nexts[c]).union(*(reach[n] for n in nexts[c]))
+    return reach
+
+
+def _contraction_between(first: fx.Node, second: fx.Node, nexts: dict, reach: dict) -> bool:
+    """Does a contraction lie on some path from ``first`` to ``second``? Then the nodes between them
+    hold an op no region holds."""
+    return any(c is not second and second in reach[c] for c in nexts[first])
 
 
 def find_chains(analysis: GraphAnalysis, near_misses: list | None = None) -> list[Chain]:
     """Every chain in the graph; for each producer, the nearest consumer that closes one.
     Producers whose batched consumers close no chain are appended to ``near_misses``."""
-    order = _graph_order(analysis)
+    order = analysis.order
     contractions = sorted(analysis.nodes_of_kind(OpKind.CONTRACTION), key=order.__getitem__)
+    nexts, inside = {}, {}
+    for c in contractions:
+        nexts[c], inside[c] = _next_contractions(analysis, c)
+    reach = _reaching(contractions, nexts)
     chains, missed = [], []
     for first in contractions:
-        later = _next_contractions(analysis, first)
+        later = nexts[first]
         first_miss = None
         for second in (c for c in contractions if c in later):
-            chain = _chain_between(analysis, first, second, order)
+            # where no contraction lies between them, the nodes between are found inside what
+            # ``first`` reaches; else every node downstream of ``first`` would be searched (a
+            # residual stream pairs each layer's projections with every later layer's). Such a
+            # pair is no chain, and only batched pairs are reported as near misses.
+            crossed = _contraction_between(first, second, nexts, reach)
+            if crossed and not all(packet(c.target) is aten.bmm for c in (first, second)):
+                continue
+            between = None if crossed else _between(analysis, second, inside[first])
+            chain = _chain_between(analysis, first, second, order, between)
             if isinstance(chain, NearMiss):
                 first_miss = first_miss or chain
             elif chain is not None and not any(set(chain.nodes) & set(c.nodes) for c in chains):

@@ -548,8 +548,8 @@ def build_region(analysis: GraphAnalysis, chain: Chain, options: KernelOptions |
     first, second = chain.first, chain.second
     region_nodes = set(chain.nodes)
     for node in chain.inputs:
-        drawn = [a for a in (node, *nx.ancestors(analysis.dataflow, node)) if _is(a, *RANDOM)]
-        if drawn:
+        if node in analysis.random_downstream:  # rarely: the draw itself is looked for only then
+            drawn = [a for a in (node, *nx.ancestors(analysis.dataflow, node)) if _is(a, *RANDOM)]
             raise FusionRefused("randomness", drawn[0], "the region reads values drawn from the random number "
                                 "generator (dropout); it runs as written so that the draws stay the user's")
     for c in (first, second):
