@@ -330,6 +330,39 @@ def test_a_row_whose_visible_scores_are_below_the_threshold_is_not_averaged():
     torch.testing.assert_close(out, eager)
 
 
+def _additive_minus_inf(q, k, v):
+    """``s + torch.full((L, L), -inf).triu(1)``: an additive causal mask, a triangle of a constant."""
+    n = k.size(-2)
+    mask = torch.full((q.size(-2), n), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + mask, dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_additive_minus_inf_triangle_skips_tiles(dtype):
+    """The triangle of a constant is a where over a boolean triangle (the capture's rewrite), and
+    ``s + where(c, -inf, 0)`` skips the tiles it masks while the bound on ``s`` rules out ``+inf``:
+    bit for bit the kernel that visits every tile."""
+    args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16), dtype)
+    report, skipped = _skipping_changes_nothing(_additive_minus_inf, args)
+    (region,) = report.regions
+    assert SCAN in region.source and "fill_bound" in region.source
+    assert any("block sparsity" in step and "triu" in step for step in region.steps), region.steps
+    assert_accurate(_additive_minus_inf, args, skipped)
+
+
+def test_an_infinite_score_under_an_additive_minus_inf_mask_is_eagers_nan():
+    """fp32 scores of ``1e40`` overflow to ``+inf``, and ``+inf + (-inf)`` is NaN in eager even where the
+    mask masks: the bound on the scores is infinite, so every row is computed again over every key,
+    and the NaN rows are eager's."""
+    # the last key: masked for every row but the last, which the repair kernel's 64-row tile 1 holds
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=1, Hkv=1, M=128, N=128, D=16, Dv=16))
+    q[0, 0, :, 0], k[0, 0, -1, 0] = 1e20, 1e20
+    args = (q, k, v)
+    out, eager = fxflash.optimize(_additive_minus_inf)(*args), _additive_minus_inf(*args)
+    assert eager.isnan().any() and torch.equal(out.isnan(), eager.isnan())
+    torch.testing.assert_close(out[~eager.isnan()], eager[~eager.isnan()])
+
+
 @pytest.mark.parametrize("divide", [lambda x: x // -4, lambda x: x % -4, lambda x: torch.div(x, 4, rounding_mode="trunc")],
                          ids=["floor_by_negative", "remainder_by_negative", "trunc"])
 def test_divisions_without_a_rule_fuse_without_skipping(divide):

@@ -24,6 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..internal import stage
 from .decompositions import decomposition_table
 from .batch_views import hoist_batch_views
+from .constant_triangles import triangles_of_constants
 from .iota_index import index_by_iotas
 from .layout_chains import collapse_layout_chains
 from .scalar_constants import scalars_from_constants
@@ -164,6 +165,7 @@ def capture(
         with stage("capture"):
             gm.graph.eliminate_dead_code()
             scalars_from_constants(gm)
+            triangles_of_constants(gm)
             collapse_layout_chains(gm)
             index_by_iotas(gm)
             hoist_batch_views(gm)

@@ -1218,27 +1218,29 @@ class _Printer:
     def finite_fill_checks(self) -> list[str]:
         """Conditions that flag a row for the repair kernel where a tile mask with a finite fill
         ``F`` (patterns.sparsity) may have skipped a tile the row needs: the row's maximum is not
-        above ``-T`` (every score it saw masked, or none seen), or, for an additive mask, this
-        program's bound on the scores the fill is added to reaches ``T``. The bound is
+        above ``-T`` (every score it saw masked, or none seen), or, for an additive mask (of any
+        fill), this program's bound on the scores the fill is added to reaches its
+        ``addend_below`` (``T``, or for ``-inf`` a quarter of the scores' dtype's range). The bound is
         ``D · max|q| · max|k|`` (the whole K's largest magnitude, a scalar the launch computes),
         with 1/64 of slack for the roundings between the contraction and the mask. The lines
         that compute them go right after the output's, which they may replace (``uniform_mask``)."""
         finite = [m for m in self.r.tile_masks if m.threshold is not None]
-        if not finite:
+        additive = [m for m in self.r.tile_masks if m.addend is not None]
+        if not finite and not additive:
             return []
-        (scale,) = {form.scale for _, _, form in self.r.terms}
-        unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
-                                for st in self.streams)
         uniform = self.uniform_mask()
         lines, checks = [], []
-        if uniform is not None or any(m.addend is not None for m in finite):
+        if uniform is not None or additive:
             lines.append(f"dot_bound = {float(self.r.D)!r} * {self.operand_max('q')} * {self.operand_max('k')} "
                          "* 1.015625")
-        for j, m in enumerate(finite):
-            if m.addend is not None:
-                lines.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
-                             f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
-                checks.append(f"~(fill_bound{j} + tl.abs(fill_bound{j}) * 0.015625 + 1.0 < {m.threshold!r})")
+        for j, m in enumerate(additive):
+            lines.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
+                         f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
+            checks.append(f"~(fill_bound{j} + tl.abs(fill_bound{j}) * 0.015625 + 1.0 < {m.addend_below!r})")
+        if finite:
+            (scale,) = {form.scale for _, _, form in self.r.terms}
+            unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
+                                    for st in self.streams)
         if uniform is not None:
             # every score of a row every key masks is F: its output is the plain average of V
             lines += [f"live_bound = {uniform.scores.dot!r} * dot_bound + {uniform.scores.const!r} "
@@ -1248,7 +1250,8 @@ class _Printer:
                       "+ offs_dv[None, :], mask=offs_dv[None, :] < DV, other=0.0) / N",
                       "out = tl.where(uniform, v_mean, out)"]
             self.uniform = True
-        checks.append(f"({unresolved}) & ~uniform" if uniform is not None else unresolved)
+        if finite:
+            checks.append(f"({unresolved}) & ~uniform" if uniform is not None else unresolved)
         self.post[self.out_at + 1:self.out_at + 1] = lines
         return checks
 

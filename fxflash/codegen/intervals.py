@@ -346,10 +346,13 @@ def _remainder(ip, node, a):
 
 
 def _where(ip, node, a):
+    """``x`` where the condition holds throughout the tile, ``y`` where it holds nowhere, either
+    elsewhere (``where(triu(ones), c, 0)``, the capture's form of a triangle of a constant)."""
     c, x, y = a
-    if x.is_bool:
+    if x.is_bool or not c.is_bool:
         raise NoInterval("where of booleans")
-    return _int(ip.bind(f"tl.minimum({x.lo}, {y.lo})"), ip.bind(f"tl.maximum({x.hi}, {y.hi})"))
+    return _int(ip.bind(f"tl.where({c.must}, {x.lo}, tl.where(~({c.may}), {y.lo}, tl.minimum({x.lo}, {y.lo})))"),
+                ip.bind(f"tl.where({c.must}, {x.hi}, tl.where(~({c.may}), {y.hi}, tl.maximum({x.hi}, {y.hi})))"))
 
 
 RULES = {

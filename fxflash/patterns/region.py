@@ -666,6 +666,8 @@ def build_region(analysis: GraphAnalysis, chain: Chain, options: KernelOptions |
             f"{mask.fill:g}: a row whose maximum is not above {-mask.threshold:g}"
             + (" or whose scores may reach their bound" if mask.addend is not None else "")
             + " is computed again over every key")
+        if mask.threshold is None and mask.addend is not None:
+            scores += f", added: a row whose scores may reach {mask.addend_below:g} is computed again over every key"
         steps.append(Step(TILE_PROGRAM, f"block sparsity: a key tile may be skipped when {mask.condition.name} is "
                                         f"{mask.masked_when} on all of it (scores {scores}; every accumulator "
                                         f"scaled by exp)"))

@@ -58,7 +58,10 @@ class Affine:
 @dataclasses.dataclass(frozen=True)
 class TileMask:
     """``fill`` where ``condition`` equals ``masked_when``; ``condition`` is an index expression.
-    ``addend``: for an additive mask with a finite fill, an upper bound on what it is added to.
+    ``addend``: for an additive mask, an upper bound on what it is added to, which codegen checks
+    against ``addend_below`` (the threshold of a finite fill; for ``-inf``, a quarter of the largest
+    value of the dtypes the scores are held in, so that no score is ``+inf``, whose sum with ``-inf``
+    is NaN in eager).
     ``scores``: a bound on the magnitude of the scores beneath the masks (None: no rule), and
     ``exact_below``: for a finite fill, the magnitude of those scores below which every masked
     score is ``F`` exactly (in fp32 and in the mask's dtype), so that a row every key masks is the
@@ -68,6 +71,7 @@ class TileMask:
     masked_when: bool
     fill: float = -math.inf
     addend: Affine | None = None
+    addend_below: float | None = None  # an additive mask skips only while the bound on its addend is below this
     scores: Affine | None = None
     exact_below: float | None = None
 
@@ -214,15 +218,20 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
             node = node.args[0]
             continue
         if p is aten.add and len(node.args) == 2 and "alpha" not in node.kwargs:
-            # s + where(c, 0, F): skipped scores s + F, bounded through s's ops (no -inf here: a
-            # +inf score plus -inf is NaN in eager, which a skipped tile would lose)
+            # s + where(c, 0, F): skipped scores s + F, bounded through s's ops (for F = -inf, the
+            # bound rules out a +inf score, whose sum with -inf is NaN in eager)
             for s, m in (node.args, reversed(node.args)):
                 mask = _mask_of(m, kinds, nodes)
-                if mask is not None and math.isfinite(mask[2]) and not region.partners:
-                    bound = score_bound(s, region.frame, abs(mask[2]))
+                if mask is not None and not region.partners:
+                    dtype = node.meta["val"].dtype
+                    if math.isfinite(mask[2]):
+                        below, exact = abs(mask[2]) / 4, _exact_below(mask[2], dtype, True)
+                    else:
+                        below = min(torch.finfo(d).max for d in (dtype, region.frame.meta["val"].dtype)) / 4
+                        exact = None
+                    bound = score_bound(s, region.frame, 4 * below)
                     if bound is not None:
-                        masks.append(TileMask(*mask, addend=bound[0],
-                                              exact_below=_exact_below(mask[2], node.meta["val"].dtype, True)))
+                        masks.append(TileMask(*mask, addend=bound[0], addend_below=below, exact_below=exact))
                         node = s
                         break
             else:
