@@ -133,6 +133,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
     from .codegen import Unprintable, emit_kernel
     from .runtime import load_kernel, placement, replace_region
     from .codegen import gluon
+    from .codegen.printers import PRINTERS
     from .runtime.rewrite import copy_graph
     from .tile import lower
 
@@ -161,7 +162,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
                 _check_device(region)
             with timed(seconds, "code generation"):
                 with internal.stage("code generation", FusionRefused, Unprintable):
-                    program = lower(region, analysis.kinds)
+                    program = lower(region, analysis.kinds, PRINTERS)
                     plan = emit_kernel(region, analysis.kinds, options=options)
                     gluon.attach(plan, region, analysis.kinds)
                 with internal.stage("rewrite", FusionRefused):  # refused, if at all, before compiling

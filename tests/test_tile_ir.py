@@ -3,6 +3,7 @@ import dataclasses
 import textwrap
 
 import pytest
+import torch
 
 import fxflash
 from fxflash.tile import ir
@@ -66,3 +67,21 @@ def test_a_tile_program_is_plain_frozen_data():
     assert a == b and str(a) == str(b)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.name = "other"
+
+
+def test_a_mask_the_kernel_computes_is_lowered_as_its_ops_over_the_ids():
+    """A per-batch document mask ``(ids[:, :, None] == ids[:, None, :]) & causal``: the kernel computes
+    it per tile from the ids (tile.outside, the Triton printer's decision too), so the program loads
+    the ids as row values and along the keys and holds the comparison, never a [rows, keys] load."""
+    def documents(q, k, v, ids):
+        causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+        keep = (ids[:, :, None] == ids[:, None, :]) & causal
+        s = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5
+        return torch.softmax(s.masked_fill(~keep[:, None], float("-inf")), -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=2, Hkv=2, M=13, N=13, D=8, Dv=8))
+    ids = torch.arange(13).repeat(2, 1) // 5
+    (region,) = fxflash.explain(documents, q, k, v, ids).regions
+    loads = [op for op in region.tile_program.body if isinstance(op, ir.Load)]
+    assert {op.tile for op in loads} == {"keys", "row values"}, loads  # K, V and the ids
+    assert any(isinstance(op, ir.Map) and op.op == "eq" for op in region.tile_program.body)

@@ -1,7 +1,7 @@
 """A key-padding mask in two spellings, additive (``(1 − am)·finfo.min``) and expanded
 (``~am.bool()[:, None, None, :].expand(B, H, M, N)`` with ``masked_fill``), with an elementwise op on
 a broadcast view computed in the kernel from the view's source (after) and computed by eager on the
-view (before, ``emit._broadcast_source`` bypassed): time per call and memory beyond the inputs.
+view (before, ``outside.broadcast_source`` bypassed): time per call and memory beyond the inputs.
 
     PYTHONPATH=. python benchmarks/probes/probe_padding_spellings.py    (a CUDA GPU)
 """
@@ -11,7 +11,7 @@ import torch
 from triton.testing import do_bench
 
 import fxflash
-from fxflash.codegen import emit
+from fxflash.tile import outside
 
 B, H, L, D = 4, 16, 4096, 64
 
@@ -34,10 +34,10 @@ def main() -> None:
     am = torch.ones(B, L, dtype=torch.long, device="cuda")
     am[1, :L // 4] = 0
     am[3, :L // 2] = 0
-    original = emit._broadcast_source
+    original = outside.broadcast_source
     for fn in (additive, expanded):
         for label, source in (("before", lambda n: n), ("after", original)):
-            emit._broadcast_source = source
+            outside.broadcast_source = source
             fast = fxflash.optimize(fn, inner="eager")
             fast(q, k, v, am)
             torch.cuda.synchronize()
@@ -50,7 +50,7 @@ def main() -> None:
             err = (fast(q, k, v, am).float() - fn(q, k, v, am).float()).abs().max().item()
             print(f"{fn.__name__:9} {label:6} {ms:.3f} ms, peak {peak:.0f} MiB beyond the inputs, "
                   f"max |diff| vs eager {err:.3g}")
-    emit._broadcast_source = original
+    outside.broadcast_source = original
 
 
 if __name__ == "__main__":

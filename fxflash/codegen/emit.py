@@ -33,6 +33,7 @@ from ..config import KernelOptions, interpreting, kernel_options
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
+from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TRITON_DTYPES, Unprintable, compute_dtype, literal
 
 aten = torch.ops.aten
@@ -45,10 +46,6 @@ DVC = "dvc"            # the output's head-dim index vector, [1, DVP]
 # benchmarks/NOTES.md, 2026-11-24). Between them, batch 2 to 4 (1.3–2.7·10⁸) changed by
 # ±1 %, batch 6 about +1 % (2026-11-25): the limit is batch 2.
 VECTOR_PRODUCER_MAX_SCORES = 1 << 27
-# views that _Printer.vector_producer looks through (layout_source_idx maps their indices
-# without side effects)
-VECTOR_VIEWS = {aten.unsqueeze, aten.squeeze, aten.view, aten._unsafe_view, aten.expand, aten.permute, aten.transpose,
-                aten.clone, aten.alias, aten.contiguous, aten.detach}
 KEY_TILES = "t"        # tile_range: the indices of a chunk of key tiles being classified, [SCAN]
 # The offset that E(x − m) and the rescale subtract: the running maximum m, clamped so that a row
 # that has seen only -inf scores (masked so far) subtracts the finite -FLT_MAX instead of -inf:
@@ -122,16 +119,6 @@ def _labels(nodes) -> dict:
         k = seen[op] = seen.get(op, -1) + 1
         labels[node] = op if k == 0 else f"{op}_{k}"
     return labels
-
-
-def _broadcast_source(node: fx.Node) -> fx.Node:
-    """The tensor ``node`` is a view of (``am.bool()[:, None, None, :].expand(B, H, M, N)``:
-    ``am.bool()``), through VECTOR_VIEWS. An elementwise op larger than it is computed per tile from
-    it, never from the O(M·N) tensor eager would materialize."""
-    while (node.op == "call_function" and packet(node.target) in VECTOR_VIEWS
-           and isinstance(node.args[0], fx.Node)):
-        node = node.args[0]
-    return node
 
 
 def _scalar_source(node: fx.Node) -> fx.Node | None:
@@ -236,7 +223,7 @@ class _Printer:
         self.full_proved = False   # tile_range classifies full tiles (every mask has an interval)
         self.scan = 128            # key tiles classified per chunk (tile_range)
         self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
-        self.inline_memo: dict = {}
+        self.outside_values: Outside | None = None  # computed or loaded (tile.outside), from begin's kinds
         self.sym_nodes: list = []  # KernelPlan.sym_nodes
         self.kinds: dict = {}
         self.frame_shape = region.out_frame_shape  # the grid's frame: [*batch, M, N] of P
@@ -392,7 +379,8 @@ class _Printer:
         key = (node, idx, self.in_epilogue)
         if key in self.memo:
             return self.memo[key]
-        computed = self.kinds.get(node) is OpKind.INDEX or self.inlinable(node) or self.vector_producer(node, idx)
+        computed = (self.kinds.get(node) is OpKind.INDEX or self.outside_values.computed(node)
+                    or self.vector_producer(node, idx))
         try:
             value = self.index_expr(node, idx) if computed else self.load(node, idx)
         except Unprintable:
@@ -403,31 +391,6 @@ class _Printer:
             value = self.load(node, idx)
         self.memo[key] = value
         return value
-
-    def printable_elementwise(self, node: fx.Node) -> bool:
-        """Is ``node`` an elementwise op on tensors that the kernel can print (PRINTERS)?"""
-        return (node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor)
-                and self.kinds.get(node) is OpKind.ELEMENTWISE and packet(node.target) in PRINTERS)
-
-    def inlinable(self, node: fx.Node) -> bool:
-        """Is ``node`` an elementwise op that broadcasts smaller tensors up (``ids[:, None] ==
-        ids[None, :]``), an op on such a value, or a view of one (VECTOR_VIEWS: transformers'
-        ``where(mask.expand(B, -1, M, N), 0, finfo.min)``)? Then the kernel computes it per tile
-        from its inputs instead of loading an O(M·N) tensor that eager would materialize."""
-        if node in self.inline_memo:
-            return self.inline_memo[node]
-        val = node.meta.get("val")
-        ok = False
-        if (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
-                and packet(node.target) in VECTOR_VIEWS and isinstance(node.args[0], fx.Node)):
-            ok = self.inlinable(node.args[0])
-        elif self.printable_elementwise(node):
-            inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
-            largest = max((_broadcast_source(a).meta["val"].numel() for a in inputs), default=0)
-            ok = bool(inputs) and (val.numel() > largest or any(self.inlinable(a) for a in inputs)
-                                   or self.feeds_output_op_alone(node))
-        self.inline_memo[node] = ok
-        return ok
 
     def vector_producer(self, node: fx.Node, idx: tuple) -> bool:
         """Is ``node`` an elementwise op (or a view of one, through VECTOR_VIEWS) that the tile
@@ -446,12 +409,7 @@ class _Printer:
                 return self.vector_producer(node.args[0], self.layout_source_idx(node, idx))
             except Unprintable:  # a reshape that moves index expressions
                 return False
-        return self.printable_elementwise(node)
-
-    def feeds_output_op_alone(self, node: fx.Node) -> bool:
-        """An elementwise op whose only use is an output op (the gate's sigmoid): computed in
-        the kernel from its inputs, so its result is never written to memory."""
-        return len(node.users) == 1 and next(iter(node.users)) in self.r.output_ops
+        return self.outside_values.printable_elementwise(node)
 
     def held(self, code: str, node: fx.Node) -> str:
         """``code`` (an fp32 value of ``node``) as eager holds it: rounded to the node's 16-bit
@@ -706,6 +664,7 @@ class _Printer:
         """Start printing a kernel: the graph's op kinds, and the frame sizes ``FB0…, M, N`` as
         its first parameters. Returns the number of frame batch axes."""
         self.kinds = kinds
+        self.outside_values = Outside(kinds, self.r.output_ops, PRINTERS)
         self.order = {n: i for i, n in enumerate(self.r.frame.graph.nodes)}
         fb = len(self.frame_shape) - 2
         for i in range(fb):

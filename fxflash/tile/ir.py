@@ -27,10 +27,11 @@ Arg = "str | float | int | bool | None"  # a value's name, or a literal
 class Load:
     """``name = tensor[index]`` for one tile. ``tile``: "rows" (``[BM, cols]``, once per row
     tile), "keys" (``[BN, cols]``, per key tile), "scores" (``[BM, BN]``, broadcast from the
-    tensor's own shape), "row values" (``[BM]``) or "output" (``[BM, Dv]``, read by an output op). ``transposed``:
-    the tensor holds the tile's transpose. ``scale``: (("mul" | "div", constant), …) applied
-    to the loaded tile. (The Triton printer may compute an elementwise value from outside the
-    region from its own inputs instead of loading it; that choice is not in the program yet.)"""
+    tensor's own shape), "row values" (``[BM]``), "output" (``[BM, Dv]``, read by an output op) or
+    "program" (one value per program). ``transposed``: the tensor holds the tile's transpose.
+    ``scale``: (("mul" | "div", constant), …) applied to the loaded tile. A value from outside the
+    region that the kernel computes from its own inputs (``tile.outside``) is not loaded: the
+    program holds its ops, as Maps over the loads of those inputs."""
 
     name: str
     tensor: str
@@ -42,7 +43,7 @@ class Load:
     def __str__(self) -> str:
         cols = f", :{self.cols}" if self.cols is not None else ""
         where = {"rows": f"[rows{cols}]", "keys": f"[keys{cols}]", "scores": "[rows, keys]",
-                 "row values": "[rows]", "output": "[rows, :Dv]"}[self.tile]
+                 "row values": "[rows]", "output": "[rows, :Dv]", "program": ""}[self.tile]
         text = f"{self.name} = load {self.tensor}{where}" + ("ᵀ" if self.transposed else "")
         return text + "".join(f" {'×' if op == 'mul' else '÷'} {c:g}" for op, c in self.scale)
 

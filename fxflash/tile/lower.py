@@ -1,4 +1,4 @@
-"""``lower(region, kinds) → TileProgram``: a fused region as the tile operations of its kernel.
+"""``lower(region, kinds, printable) → TileProgram``: a fused region as the tile operations of its kernel.
 
 The region (patterns/region.py) already holds every decision the kernel follows: its operands,
 the form of each score value, the online reductions and what each rescales, the accumulators of
@@ -13,10 +13,13 @@ import torch.fx as fx
 from ..analysis.ops import OpKind, packet
 from ..patterns.region import PLAIN, Region
 from .ir import (Accumulate, Dot, Finish, Index, Load, Map, RowReduce, SkipIf, Store, TileProgram)
+from .outside import Outside
 
 
-def lower(region: Region, kinds: dict, name: str = "fxflash_region") -> TileProgram:
-    return _Lowering(region, kinds).program(name)
+def lower(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> TileProgram:
+    """The tile program of ``region``; ``printable``: the ops the backend prints (a value from
+    outside the region is computed in the kernel only from those, ``tile.outside``)."""
+    return _Lowering(region, kinds, printable).program(name)
 
 
 def _op_name(node: fx.Node) -> str:
@@ -24,16 +27,26 @@ def _op_name(node: fx.Node) -> str:
     return getattr(p, "__name__", str(p)).split(".")[-1]
 
 
+def _read_along(node: fx.Node) -> str:
+    """The Load tile of a tensor read into a computed value, by its last two axes (rows, keys):
+    ``ids[:, :, None]`` is read as row values, ``ids[:, None, :]`` along the keys."""
+    shape = tuple(node.meta["val"].shape)
+    rows, keys = shape[-2:] if len(shape) >= 2 else (1, *shape) if shape else (1, 1)
+    return {(True, True): "scores", (True, False): "row values", (False, True): "keys"}.get(
+        (rows != 1, keys != 1), "program")
+
+
 def _size(s) -> str | int:
     return int(s) if isinstance(s, int) else str(s)
 
 
 class _Lowering:
-    def __init__(self, region: Region, kinds: dict):
+    def __init__(self, region: Region, kinds: dict, printable):
         self.r, self.kinds = region, kinds
         self.inside = set(region.nodes)
         self.alias: dict = {}   # nodes the program names otherwise (the P·V result: "o")
         self.bound: set = set()  # outside values already loaded or computed
+        self.outside = Outside(kinds, region.output_ops, printable)
 
     def program(self, name: str) -> TileProgram:
         r = self.r
@@ -101,8 +114,10 @@ class _Lowering:
         ops = set(self.r.output_ops)
         return [n for n in self.r.nodes if n not in self.bound and n not in ops]
 
-    def _inputs(self, node: fx.Node, tile: str) -> list:
-        """Loads (or index computations) of the values from outside the region that ``node`` reads."""
+    def _inputs(self, node: fx.Node, tile: str | None) -> list:
+        """The ops that give the values from outside the region that ``node`` reads: index
+        computations, the ops of a value the kernel computes from its own inputs
+        (``tile.outside``), and loads of the others (along ``tile``, else as their shape reads)."""
         ops = []
         for a in node.all_input_nodes:
             if a in self.inside or a in self.bound or not isinstance(a.meta.get("val"), torch.Tensor):
@@ -110,8 +125,11 @@ class _Lowering:
             self.bound.add(a)
             if self.kinds.get(a) is OpKind.INDEX:
                 ops.append(Index(a.name, _op_name(a), self._args(a)))
+            elif self.outside.computed(a):
+                ops += self._inputs(a, None)
+                ops.append(Map(a.name, _op_name(a), self._args(a)))
             else:
-                ops.append(Load(a.name, a.name, tile))
+                ops.append(Load(a.name, a.name, tile or _read_along(a)))
         return ops
 
     def _name(self, a) -> str:
