@@ -558,7 +558,7 @@ def test_one_maximum_under_two_homomorphisms_is_refused():
 
 def _tile_max_factors(source: str) -> set:
     """The constants that each key tile's row maximum is multiplied by."""
-    return set(re.findall(r"tile_amax\w* = tl\.max\(.*keep_dims=True\) \* ([-\d.e]+)", source))
+    return set(re.findall(r"tile_amax\w* = (?:tl\.max\(.*keep_dims=True\)|raw_amax\w*) \* ([-\d.e]+)", source))
 
 
 def _fast_body(source: str) -> str:

@@ -84,10 +84,10 @@ def hoist_key_linear(src: str) -> str:
         call = _score_call(src, keys)
         ind = call.group(1)
         src = src.replace(call.group(0), f"\n{ind}x = s + ub\n{ind}wb = a8 * (({tile} * BLOCK_N).to(gl.float32) - rows_f)")
-    k = _must(re.search(r"m = gl.max\(x, axis=1\) \* ([^\n]+)", src), "the row maximum").group(1)
-    for old, new in ((f"m = gl.max(x, axis=1) * {k}", f"m = (gl.max(x, axis=1) + wb) * {k}"),
+    k = _must(re.search(r"m = mx \* ([^\n]+)", src), "the row maximum").group(1)
+    for old, new in (("mx = gl.max(x, axis=1)\n", "mx = gl.max(x, axis=1) + wb\n"),
                      ("gl.expand_dims(mu, 1))", f"gl.expand_dims(mu - wb * {k}, 1))"),
-                     (f"m = gl.maximum(m, gl.max(x, axis=1) * {k}, ", f"m = gl.maximum(m, (gl.max(x, axis=1) + wb) * {k}, "),
+                     ("mx = gl.max(x, axis=1)\n", "mx = gl.max(x, axis=1) + wb\n"),
                      ("gl.expand_dims(mu_new, 1))", f"gl.expand_dims(mu_new - wb * {k}, 1))")):
         src = _replace(src, old, new)
     return src
