@@ -92,13 +92,14 @@ def _exact_below(fill: float, dtype: torch.dtype, additive: bool) -> float:
     return below
 
 
-def _fill(arg) -> float | None:
-    """The fill a mask may have: ``-inf``, or a finite constant at most ``-FINITE_FILL_MIN``."""
+def _fill(arg, where: fx.Node) -> float | None:
+    """The fill a mask may have, as the ``where`` that selects it holds it (fp32's ``finfo.min`` is
+    ``-inf`` in bf16): ``-inf``, or a finite constant at most ``-FINITE_FILL_MIN``."""
     value = constant_value(arg, None)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
-            value == -math.inf or -math.inf < value <= -FINITE_FILL_MIN):
-        return float(value)
-    return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    value = torch.tensor(float(value), dtype=where.meta["val"].dtype).item()
+    return value if value == -math.inf or -math.inf < value <= -FINITE_FILL_MIN else None
 
 
 def _is_mask_expression(cond: fx.Node, kinds: dict, region_nodes: set) -> bool:
@@ -195,10 +196,10 @@ def _mask_of(node, kinds: dict, region_nodes: set):
     cond, a, b = node.args
     if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, region_nodes)):
         return None
-    if constant_value(a, None) == 0 and _fill(b) is not None:
-        return cond, False, _fill(b)
-    if constant_value(b, None) == 0 and _fill(a) is not None:
-        return cond, True, _fill(a)
+    if constant_value(a, None) == 0 and _fill(b, node) is not None:
+        return cond, False, _fill(b, node)
+    if constant_value(b, None) == 0 and _fill(a, node) is not None:
+        return cond, True, _fill(a, node)
     return None
 
 
@@ -242,7 +243,9 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
         cond, a, b = node.args
         if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, nodes)):
             break
-        fill, kept, masked_when = (_fill(b), a, False) if _fill(b) is not None else (_fill(a), b, True)
+        fill, kept, masked_when = (_fill(b, node), a, False)
+        if fill is None:
+            fill, kept, masked_when = _fill(a, node), b, True
         if fill is None:
             break
         masks.append(TileMask(cond, masked_when, fill,
