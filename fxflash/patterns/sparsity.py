@@ -211,11 +211,21 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
     (scale,) = scales
     if any(r.node is not scale and r.scale is not scale for r in region.reductions):
         return []
-    masks, nodes = [], set(region.nodes)
+    masks, nodes, casts = [], set(region.nodes), []  # casts: the float casts above the node reached
+
+    def kept_through_casts(fill: float) -> bool:
+        """Does ``fill`` reach the maximum unchanged through the casts above its mask? (fp32's
+        ``finfo.min`` cast to bf16 is ``-inf``; such a mask is left alone.)"""
+        value = fill
+        for dtype in reversed(casts):
+            value = torch.tensor(value, dtype=dtype).item()
+        return value == fill
+
     node = scale.args[0]
     while isinstance(node, fx.Node) and node.op == "call_function":
         p = packet(node.target)
         if _is_float_cast(node):
+            casts.append(node.kwargs["dtype"])
             node = node.args[0]
             continue
         if p is aten.add and len(node.args) == 2 and "alpha" not in node.kwargs:
@@ -223,7 +233,7 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
             # bound rules out a +inf score, whose sum with -inf is NaN in eager)
             for s, m in (node.args, reversed(node.args)):
                 mask = _mask_of(m, kinds, nodes)
-                if mask is not None and not region.partners:
+                if mask is not None and not region.partners and kept_through_casts(mask[2]):
                     dtype = node.meta["val"].dtype
                     if math.isfinite(mask[2]):
                         below, exact = abs(mask[2]) / 4, _exact_below(mask[2], dtype, True)
@@ -246,7 +256,7 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
         fill, kept, masked_when = (_fill(b, node), a, False)
         if fill is None:
             fill, kept, masked_when = _fill(a, node), b, True
-        if fill is None:
+        if fill is None or not kept_through_casts(fill):
             break
         masks.append(TileMask(cond, masked_when, fill,
                               exact_below=_exact_below(fill, node.meta["val"].dtype, False)
