@@ -15,9 +15,12 @@ that every key masks averages all of them in eager. Skipping is exact for a row 
 exceeds ``-T`` (``T = |F| / 4``, the mask's ``threshold``) while the skipped scores stay below
 ``-3T``: then ``exp(x − m) < exp(−2T)`` is exactly 0. Codegen flags the other rows (and, for an
 additive mask, every row of a program where the bound on ``s`` reaches ``T``) for the repair
-kernel, which computes them over every key as eager does. An additive mask's skipped scores are
-``s + F``: its ``addend`` is an upper bound on ``s`` in terms of the score contraction's largest
-magnitude (codegen: ``D · max|q| · max|k|`` per program).
+kernel, which computes them over every key as eager does, except a row every key masks where the
+bound proves each of its scores is ``F``: that row is V's average (``exact_below``). An additive
+mask's skipped scores are ``s + F``: its ``addend`` is an upper bound on ``s`` in terms of the
+score contraction's largest magnitude (codegen: ``D · max|q| · max|k|`` per program), checked
+against ``addend_below`` (for ``-inf``, so that no ``s`` is ``+inf``). A fill is read as the
+``where`` holds it and must reach the maximum unchanged through the casts after it.
 """
 from __future__ import annotations
 
