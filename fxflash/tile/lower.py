@@ -32,8 +32,9 @@ def _read_along(node: fx.Node) -> str:
     ``ids[:, :, None]`` is read as row values, ``ids[:, None, :]`` along the keys."""
     shape = tuple(node.meta["val"].shape)
     rows, keys = shape[-2:] if len(shape) >= 2 else (1, *shape) if shape else (1, 1)
-    return {(True, True): "scores", (True, False): "row values", (False, True): "keys"}.get(
-        (rows != 1, keys != 1), "program")
+    # a symbolic size is never 1 (Dynamo specializes sizes of one): compared without a guard
+    varies = tuple(not (isinstance(s, int) and s == 1) for s in (rows, keys))
+    return {(True, True): "scores", (True, False): "row values", (False, True): "keys"}.get(varies, "program")
 
 
 def _size(s) -> str | int:
