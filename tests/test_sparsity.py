@@ -300,7 +300,7 @@ def test_a_fill_is_read_as_the_scores_hold_it(cast_after):
     padding[1, :70] = False
     (region,) = fxflash.explain(masked, q, k, v, padding).regions
     skips = [step for step in region.steps if "block sparsity" in step]
-    assert (skips == []) if cast_after else ("(scores -inf" in skips[0]), region.steps
+    assert region.fused and ((skips == []) if cast_after else ("(scores -inf" in skips[0])), region.steps
     out = fxflash.optimize(masked)(q, k, v, padding)
     assert out[1, :, :70].isnan().all() and torch.equal(out.isnan(), masked(q, k, v, padding).isnan())
 
@@ -382,6 +382,8 @@ def test_an_infinite_score_under_an_additive_minus_inf_mask_is_eagers_nan():
     q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=1, Hkv=1, M=128, N=128, D=16, Dv=16))
     q[0, 0, :, 0], k[0, 0, -1, 0] = 1e20, 1e20
     args = (q, k, v)
+    (region,) = fxflash.explain(_additive_minus_inf, *args).regions
+    assert region.fused and "fill_bound" in region.source
     out, eager = fxflash.optimize(_additive_minus_inf)(*args), _additive_minus_inf(*args)
     assert eager.isnan().any() and torch.equal(out.isnan(), eager.isnan())
     torch.testing.assert_close(out[~eager.isnan()], eager[~eager.isnan()])
