@@ -575,3 +575,22 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
     assert detached.base is None and fresh[0].base is not None and detached.shape == fresh[0].shape
     assert gluon_launch.grid(tile, [2, 4, 40, 64]) == (8,)
     assert gluon_launch.constexprs(tile)["CONSUMERS"] == 1
+
+
+@needs_gluon
+@pytest.mark.parametrize("spelling", ["causal", "where", "additive", "additive_minus_inf"])
+def test_only_masks_that_need_no_run_time_check_skip_tiles_in_the_gluon_kernel(spelling):
+    """A ``-inf`` mask skips tiles in the Gluon kernel as in the Triton one; a ``finfo.min`` mask or an
+    additive one skips only with the Triton kernel's checks (rows whose maximum is not above the
+    threshold, the bound on the scores added to), which the Gluon kernel does not make: it visits
+    their tiles (a dense plan)."""
+    from test_sparsity import _additive_minus_inf, _finite_fill
+
+    fn = {"causal": VARIANTS["causal"].fn, "additive_minus_inf": _additive_minus_inf}.get(spelling)
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=48, N=48, D=64, Dv=64), torch.bfloat16)
+    args = (q, k, v)
+    if fn is None:
+        fn, args = _finite_fill(spelling), (q, k, v, torch.ones(1, 48, dtype=torch.bool))
+    region, kinds = region_and_kinds(fn, *args)
+    assert region.tile_masks
+    assert emit_gluon(region, kinds).dense == (spelling != "causal")

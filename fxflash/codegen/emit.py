@@ -1187,7 +1187,11 @@ class _Printer:
         additive = [m for m in self.r.tile_masks if m.addend is not None]
         if not finite and not additive:
             return []
-        uniform = self.uniform_mask()
+        if finite:  # rows that may need a skipped tile
+            (scale,) = {form.scale for _, _, form in self.r.terms}
+            unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
+                                    for st in self.streams)
+        uniform = self.uniform_mask()  # one finite mask: implies ``finite``
         lines, checks = [], []
         if uniform is not None or additive:
             lines.append(f"dot_bound = {float(self.r.D)!r} * {self.operand_max('q')} * {self.operand_max('k')} "
@@ -1196,10 +1200,6 @@ class _Printer:
             lines.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
                          f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
             checks.append(f"~(fill_bound{j} + tl.abs(fill_bound{j}) * 0.015625 + 1.0 < {m.addend_below!r})")
-        if finite:
-            (scale,) = {form.scale for _, _, form in self.r.terms}
-            unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
-                                    for st in self.streams)
         if uniform is not None:
             # every score of a row every key masks is F: its output is the plain average of V
             lines += [f"live_bound = {uniform.scores.dot!r} * dot_bound + {uniform.scores.const!r} "

@@ -584,9 +584,9 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     """Print the Gluon kernel of ``region`` (``refusal(region)`` must be None), reusing emit's
     printer for the score DAG and the tile range, with the kernel settings ``options``
     (``config``'s now where None). Raises Unprintable for an op without a Gluon form."""
-    # a finite-fill mask (transformers' finfo.min) skips tiles only with emit's row checks, which
-    # this kernel's flags do not make: its tiles are visited, masked
-    r = dataclasses.replace(region, tile_masks=[m for m in region.tile_masks if m.threshold is None])
+    # a mask that skips tiles only with emit's checks (a finite fill, an additive mask: TileMask.checked),
+    # which this kernel does not make: its tiles are visited, masked
+    r = dataclasses.replace(region, tile_masks=[m for m in region.tile_masks if not m.checked])
     sm = softmax_of(r)
     options = options or kernel_options()
     pr = _GluonPrinter(r, name, options)

@@ -663,11 +663,10 @@ def build_region(analysis: GraphAnalysis, chain: Chain, options: KernelOptions |
     region.tile_masks = skippable_masks(region, analysis.kinds) if options.block_sparsity else []
     for mask in region.tile_masks:
         scores = "-inf" if mask.threshold is None else (
-            f"{mask.fill:g}: a row whose maximum is not above {-mask.threshold:g}"
-            + (" or whose scores may reach their bound" if mask.addend is not None else "")
-            + " is computed again over every key")
-        if mask.threshold is None and mask.addend is not None:
-            scores += f", added: a row whose scores may reach {mask.addend_below:g} is computed again over every key"
+            f"{mask.fill:g}: a row whose maximum is not above {-mask.threshold:g} is computed again over every key")
+        if mask.addend is not None:
+            scores += (f", added to scores bounded per program: where the bound reaches {mask.addend_below:g}, "
+                       "every key")
         steps.append(Step(TILE_PROGRAM, f"block sparsity: a key tile may be skipped when {mask.condition.name} is "
                                         f"{mask.masked_when} on all of it (scores {scores}; every accumulator "
                                         f"scaled by exp)"))

@@ -83,6 +83,12 @@ class TileMask:
         """``T`` of a finite fill (module docstring); None for ``-inf``."""
         return abs(self.fill) / 4 if math.isfinite(self.fill) else None
 
+    @property
+    def checked(self) -> bool:
+        """Does skipping by this mask need the kernel's checks at run time (a finite fill's rows, an
+        additive mask's bound)? Only emit's Triton kernel makes them."""
+        return self.threshold is not None or self.addend is not None
+
 
 def _exact_below(fill: float, dtype: torch.dtype, additive: bool) -> float:
     """The score magnitude below which ``fill`` masks exactly (TileMask.exact_below): no live score
