@@ -578,6 +578,7 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
 
 
 @needs_gluon
+@pytest.mark.fusion_independent
 @pytest.mark.parametrize("spelling", ["causal", "where", "additive", "additive_minus_inf"])
 def test_only_masks_that_need_no_run_time_check_skip_tiles_in_the_gluon_kernel(spelling):
     """A ``-inf`` mask skips tiles in the Gluon kernel as in the Triton one; a ``finfo.min`` mask or an
