@@ -24,6 +24,9 @@ class Config:
                      launch for a size bucket and remember the fastest in
                      ``<kernel_cache_dir>/tuning.json`` (runtime/tuning.py); ``FXFLASH_AUTOTUNE=0``
                      takes the first candidate untimed.
+    precompile:      before the tuner times a kernel's candidates, compile them side by side in
+                     worker processes (runtime/precompile.py) rather than in this process, where
+                     compilations barely overlap; ``FXFLASH_PRECOMPILE=0`` compiles them here.
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
@@ -113,6 +116,7 @@ class Config:
 
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
+    precompile: bool = os.environ.get("FXFLASH_PRECOMPILE", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"

@@ -221,3 +221,59 @@ def test_every_candidate_tile_computes_the_same_attention():
     for tile in sorted(configs):
         with tuning.pinned(tile):
             assert_accurate(variant.fn, args, fast(*args))
+
+
+def test_a_dry_launch_records_each_specialization_and_leaves_triton_s_hook_as_it_was(monkeypatch):
+    """precompile.specializations: while ``run`` runs, Triton's jit_cache_hook records what each
+    launch would compile and stops it (True); another thread's compilation goes to the hook it
+    replaced; afterwards Triton's hook is the one it found."""
+    import threading
+    from types import SimpleNamespace
+
+    from fxflash.runtime import precompile
+
+    knobs = pytest.importorskip("triton").knobs
+    if not hasattr(knobs.runtime, "jit_cache_hook"):
+        pytest.skip("this Triton has no jit_cache_hook")
+    passed = []
+
+    def users_hook(**kwargs):
+        passed.append(kwargs["compile"]["specialization_data"])
+        return None
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", users_hook)
+
+    def compile_call(data):
+        return knobs.runtime.jit_cache_hook(key=data, repr=data, fn=SimpleNamespace(jit_function=data),
+                                            compile={"specialization_data": data}, is_manual_warmup=False,
+                                            already_compiled=False)
+
+    stops = []
+
+    def run():
+        stops.append(compile_call("tile-a"))
+        other = threading.Thread(target=compile_call, args=("elsewhere",))
+        other.start()
+        other.join()
+        stops.append(compile_call("repair"))
+
+    assert precompile.specializations(run) == [("tile-a", "tile-a"), ("repair", "repair")]
+    assert stops == [True, True] and passed == ["elsewhere"]
+    assert knobs.runtime.jit_cache_hook is users_hook
+
+
+def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
+    """A compile worker (a fresh interpreter) answers every job, a failed one too: the launch then
+    compiles that kernel itself, and nothing waits on a worker forever."""
+    from fxflash.runtime import precompile
+
+    worker = precompile._Worker()
+    try:
+        bad = dict(source="x = 1\n", module="fxflash_kernels.k_test", file="<fxflash kernel k_test>", name="k",
+                   data="{}")
+        assert worker.compile([bad, bad]) == 0
+        assert worker.alive()
+        assert worker._answer_to(bad).startswith("error AttributeError")
+    finally:
+        worker.close()
+

@@ -49,7 +49,8 @@ def main() -> None:
     for report in {id(r): r for r in reports}.values():
         for stage, seconds in report.seconds.items():
             stages[stage] = stages.get(stage, 0.0) + seconds
-    tuned = [f"{h['seconds']:.1f} s ({h['compile_seconds']:.1f} compiling {h['candidates']})"
+    tuned = [f"{h['seconds']:.1f} s ({h['compile_seconds']:.1f} compiling {h['candidates']}, "
+             f"{h.get('compiled_in_workers', 0)} kernels in worker processes)"
              if not h["from_disk"] else "from disk" for h in tuning.history]
     print(f"{compiler}: first call {total:.1f} s; fxflash stages", {k: round(v, 2) for k, v in stages.items()},
           "; tuning", tuned)

@@ -34,6 +34,7 @@ from ..config import config
 
 _lock = threading.Lock()
 _modules: dict = {}
+_sources: dict = {}  # a kernel module's name → the source it was executed from
 _dirs: dict = {}  # configured path → the directory used for it (itself, a private one, or None)
 
 
@@ -100,6 +101,11 @@ def load_kernel(source: str, name: str):
         return getattr(module, name)
 
 
+def source_of(module_name: str) -> str | None:
+    """The source of the kernel module ``module_name`` loaded here (None: not one of fxflash's)."""
+    return _sources.get(module_name)
+
+
 def _module_of(source: str, key: str) -> types.ModuleType:
     filename = f"<fxflash kernel k_{key}>"
     lines = source.splitlines(keepends=True)
@@ -107,5 +113,6 @@ def _module_of(source: str, key: str) -> types.ModuleType:
     module = types.ModuleType(f"fxflash_kernels.k_{key}")
     module.__file__ = filename
     sys.modules[module.__name__] = module  # inspect finds a function's module here
+    _sources[module.__name__] = source
     exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
     return module

@@ -60,6 +60,7 @@ import torch
 import triton
 
 from ..config import config
+from . import precompile
 from .cache import cache_dir, source_key
 from ..codegen.gluon import gluon_tile
 
@@ -360,25 +361,30 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
     return tile
 
 
-def _compile_all(candidates, run, device_index) -> None:
-    """Launch every candidate once, from a thread each: their compilations overlap (the
-    compiler's own passes and ptxas run outside Python). Errors are left to the first
-    launches in this thread, which record what fails."""
+def _compile_all(candidates, run, device_index) -> int:
+    """Compile every candidate in worker processes (precompile.py; returns how many kernels
+    compiled there), then launch each once from a thread of its own, which loads what the
+    workers compiled (or compiles what they did not). Errors are left to the first launches
+    in this thread, which record what fails."""
+    def on_device(tile):
+        return lambda: first_launch(tile)
+
     def first_launch(tile):
         with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
             run(tile)
 
+    compiled = precompile.compile_all([on_device(tile) for tile in candidates]) if config.precompile else 0
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:
         for future in [pool.submit(first_launch, tile) for tile in candidates]:
             with contextlib.suppress(Exception):
                 future.result()
+    return compiled
 
 
 def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     start = time.perf_counter()
     progress = _Progress(name, frame, len(candidates) + 1)
-    if device_index is not None:
-        _compile_all(candidates, run, device_index)
+    in_workers = _compile_all(candidates, run, device_index) if device_index is not None else 0
     compiled = time.perf_counter() - start
     failures: dict[Tile, str] = {}
     estimates: dict[Tile, float] = {}
@@ -405,13 +411,14 @@ def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame], rounds=rounds, ms=ms,
                  sustained_ms={_label(t): round(m, 5) for t, m in sustained.items()},
                  failed=sorted(_label(t) for t in failures), seconds=round(seconds, 3),
-                 compile_seconds=round(compiled, 3), triton=triton.__version__)
+                 compile_seconds=round(compiled, 3), compiled_in_workers=in_workers, triton=triton.__version__)
     try:
         _store(key, entry)
     except OSError as exc:
         warnings.warn(f"fxflash: could not write the tuning cache ({exc}); the choice is kept for this "
                       "process only", RuntimeWarning, stacklevel=2)
     history.append(dict(kernel=name, key=key, config=best, seconds=seconds, compile_seconds=compiled,
+                        compiled_in_workers=in_workers,
                         candidates=len(candidates), from_disk=False, ms=ms, sustained_ms=entry["sustained_ms"]))
     return best
 
