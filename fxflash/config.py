@@ -27,6 +27,10 @@ class Config:
     precompile:      before the tuner times a kernel's candidates, compile them side by side in
                      worker processes (runtime/precompile.py) rather than in this process, where
                      compilations barely overlap; ``FXFLASH_PRECOMPILE=0`` compiles them here.
+    time_eager:      on GPUs, the tuner also times the region's own ops (run by PyTorch) and runs
+                     them instead of the kernel where they are faster: a region never runs slower
+                     than the code it replaced; ``FXFLASH_TIME_EAGER=0`` times kernels only (for
+                     benchmarks of the kernels themselves).
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
@@ -117,6 +121,7 @@ class Config:
     fuse: bool = os.environ.get("FXFLASH_FUSE", "1") != "0"
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     precompile: bool = os.environ.get("FXFLASH_PRECOMPILE", "1") != "0"
+    time_eager: bool = os.environ.get("FXFLASH_TIME_EAGER", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"

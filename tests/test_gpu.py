@@ -252,7 +252,8 @@ def test_tuning_is_timed_once_and_read_back_by_a_new_process(tmp_path):
     import triton
     if hasattr(getattr(triton, "knobs", None), "runtime") and hasattr(triton.knobs.runtime, "jit_cache_hook"):
         # every candidate was compiled in the worker processes (runtime/precompile.py), not here
-        assert first[0]["compiled_in_workers"] >= first[0]["candidates"], first[0]
+        kernels = first[0]["candidates"] - ("eager" in first[0]["ms"])   # tuning.EAGER compiles nothing
+        assert first[0]["compiled_in_workers"] >= kernels, first[0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,

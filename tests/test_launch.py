@@ -163,7 +163,7 @@ def test_the_tuner_times_bound_launches_after_each_tiles_first(recorded, monkeyp
     fast, args, kernel = recorded
     first, second = (16, 16, 4, 1), (32, 16, 4, 1)
 
-    def tuner(plan, inputs, frame, run):
+    def tuner(plan, inputs, frame, run, eager=False):
         for tile in (first, second, first, second, first):
             run(tile)
         return second
@@ -176,6 +176,29 @@ def test_the_tuner_times_bound_launches_after_each_tiles_first(recorded, monkeyp
     blocks = {tile: (triton_grid(args[0], tile[0]),) for tile in (first, second)}
     assert grids == [blocks[first], blocks[second], blocks[first], blocks[second], blocks[first],
                      blocks[second], blocks[second]]
+
+
+def test_a_region_whose_own_ops_beat_every_tile_runs_them(recorded, monkeypatch):
+    """Where the tuner finds the region's own ops (tuning.EAGER) faster than every tile, that
+    call and the later ones return what those ops compute and launch no kernel: a region is
+    never slower than the code it replaced. The tuner is offered them (``eager``) and times
+    them as it times a tile."""
+    fast, args, kernel = recorded
+    offered = []
+
+    def tuner(plan, inputs, frame, run, eager=False):
+        offered.append(eager)
+        if len(offered) == 1:  # timed at the first call, remembered after it
+            run((16, 16, 4, 1))
+            run(tuning.EAGER)
+        return tuning.EAGER
+
+    monkeypatch.setattr(launch, "tile_for", tuner)
+    tuning.forget()
+    outs = [fast(*args), fast(*args)]
+    assert offered == [True, True] and kinds(kernel) == ["jit"]   # the tile timed, then no launch
+    for out in outs:  # no kernel wrote them: the region's own ops did
+        assert_accurate(VARIANTS["vanilla"].fn, args, out)
 
 
 def triton_grid(q, block_m):

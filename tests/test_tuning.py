@@ -277,3 +277,27 @@ def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
     finally:
         worker.close()
 
+
+def test_the_tuner_keeps_the_regions_own_ops_only_where_they_are_faster(fresh):
+    """tuning.EAGER is a candidate like a tile: kept, stored and read back where it is the
+    fastest, passed over where a tile is."""
+    for eager_ms, kept in ((0.1, tuning.EAGER), (0.5, (128, 128, 8, 3))):
+        tuning.forget(disk=True)
+        gpu = FakeGPU(times={**TIMES, tuning.EAGER: eager_ms})
+        assert tuning.choose("fxflash_region", "src", [*CANDIDATES, tuning.EAGER], [torch.bfloat16], "GPU",
+                             FRAME, gpu.run, gpu) == kept
+        tuning.forget()
+        assert tuning.choose("fxflash_region", "src", [*CANDIDATES, tuning.EAGER], [torch.bfloat16], "GPU",
+                             FRAME, gpu.run, gpu) == kept   # from tuning.json
+    assert "PyTorch" in tuning.describe(tuning.EAGER)
+
+
+def test_a_candidate_far_slower_at_its_first_launch_is_not_sampled_further(fresh):
+    """tuning.OUT_OF_RANGE: one timed launch shows the region's own ops (or a tile) far behind the
+    fastest; they are not run in the interleaved rounds, and tuning.json records that launch."""
+    slow = (64, 64, 4, 2)
+    gpu = FakeGPU(times={**TIMES, slow: TIMES[(128, 128, 8, 3)] * (tuning.OUT_OF_RANGE + 1)})
+    assert choose(gpu) == (128, 128, 8, 3)
+    assert gpu.launched.count(slow) == 1
+    (entry,) = json.loads((fresh / "tuning.json").read_text())["entries"].values()
+    assert "64x64x4x2" in entry["ms"]

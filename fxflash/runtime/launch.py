@@ -35,11 +35,12 @@ def _device_label(index) -> str:
     return f"{torch.cuda.get_device_name(index)} sm{major}{minor}"
 
 
-def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
+def tile_for(plan: KernelPlan, inputs: list, frame: list, run, eager: bool = False) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this launch, or a Gluon configuration
-    (gluon.GLUON_CONFIGS): a tile pinned by ``tuning.pinned``; else 16×16 tiles in the
-    interpreter; on a GPU the tuned choice for this size bucket among the ``tl`` kernel's
-    tiles and the Gluon configurations this launch can use (tuning.choose)."""
+    (gluon.GLUON_CONFIGS), or ``tuning.EAGER``: a tile pinned by ``tuning.pinned``; else 16×16
+    tiles in the interpreter; on a GPU the tuned choice for this size bucket among the ``tl``
+    kernel's tiles, the Gluon configurations this launch can use and, with ``eager`` (the
+    caller can run the region's own ops), those ops themselves (tuning.choose)."""
     device = inputs[0].device
     pinned = tuning.pinned_tile()
     if pinned is not None:
@@ -48,10 +49,22 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run) -> tuple:
         return INTERPRETER_TILE
     gluon = gluon_launch.candidates(plan.gluon, inputs, frame)
     source = plan.source + (plan.gluon.source if gluon else "")  # a choice is keyed by every kernel timed
-    return tuning.choose(plan.name, source, [*plan.configs, *gluon], [t.dtype for t in inputs],
+    own_ops = [tuning.EAGER] if eager and config.time_eager and _eager_fits(frame, device) else []
+    return tuning.choose(plan.name, source, [*plan.configs, *gluon, *own_ops], [t.dtype for t in inputs],
                          _device_label(device.index),
                          frame, run, capturing=torch.cuda.is_current_stream_capturing(),
                          device_index=device.index)
+
+
+EAGER_BYTES_PER_SCORE = 16  # the region's own ops hold about four fp32 score-sized tensors at once
+
+
+def _eager_fits(frame, device) -> bool:
+    """Is there GPU memory for timing the region's own ops (their score-sized intermediates),
+    with half of what is free to spare? Where there is not, the kernel is kept untimed against
+    them: the user's code could not have run here either."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return math.prod(int(s) for s in frame) * EAGER_BYTES_PER_SCORE <= free // 2
 
 
 def empty_results(plan: KernelPlan, shapes: list, like: torch.Tensor) -> list:
@@ -377,12 +390,15 @@ class Launcher:
                                             num_stages=stages, enable_fp_fusion=False)
         return compiled, grid, args
 
-    def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None) -> list:
+    def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None,
+                 own_ops=None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
         ``frame`` = [*batch, M, N], ``out_shapes`` the shapes of the result and of the row
         values stored beside it; ``views``: for each input, the view chain folded into the call
         (``replay_views``; a bound launch reads the bases, which share the views' pointers).
-        Returns [result, *row values]."""
+        ``own_ops()``: the region's own ops on these inputs, timed beside the kernel's tiles and
+        run instead of it where the tuner found them faster (tuning.EAGER). Returns [result,
+        *row values]."""
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
         # the op's last sizes are the symbolic integers the kernel reads (KernelPlan.sym_nodes)
         symints = tuple(sizes[len(sizes) - len(self.plan.sym_nodes):]) if self.plan.sym_nodes else ()
@@ -390,8 +406,10 @@ class Launcher:
         bound = self.bound.get(key) if key is not None else None
         if bound is not None:
             bound.launch(out, inputs, sides)
-        else:
-            self.first_launch(key, replay_views(inputs, views), frame, out, sides, views, symints)
+        elif self.first_launch(key, replay_views(inputs, views), frame, out, sides, views, symints,
+                               own_ops) == tuning.EAGER:
+            # in the layout the op's fake results promised (a compiler downstream relies on it)
+            return [r if r.stride() == a.stride() else a.copy_(r) for r, a in zip(own_ops(), [out, *sides])]
         return [out, *sides]
 
     @staticmethod
@@ -407,7 +425,9 @@ class Launcher:
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
-    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=()) -> None:
+    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None):
+        """Choose the tile (tuning), launch it and remember the launch for ``key``; returns the
+        tile, ``tuning.EAGER`` without launching anything where the region's own ops won."""
         plan, kernel = self.plan, self.kernel
         batch = math.prod(frame[:-2])
         dims = block_dims_of(plan)
@@ -415,6 +435,9 @@ class Launcher:
         timed = {}  # tile → its bound launch: the tuner's later launches of a tile (key given)
 
         def run(tile):
+            if tile == tuning.EAGER:
+                own_ops()
+                return
             if tile in timed:
                 timed[tile].launch(out, inputs, sides)
                 return
@@ -437,15 +460,18 @@ class Launcher:
                 timed[tile] = bound
 
         with stage("tuning"):
-            tile = tile_for(plan, inputs, frame, run)
+            tile = tile_for(plan, inputs, frame, run, eager=own_ops is not None)
+        if tile == tuning.EAGER:
+            return tile
         run(tile)
         if key is None or torch.cuda.is_current_stream_capturing():
-            return
+            return tile
         bound = self.bound_for(tile, launched[tile], inputs, out, frame, views, symints)
         if bound is not None:
             if len(self.bound) >= self.CAPACITY:
                 self.bound.clear()
             self.bound[key] = bound
+        return tile
 
     def bound_for(self, tile, launched, inputs, out, frame, views=None,
                   symints=()) -> BoundLaunch | BoundRepaired | BoundGluonLaunch | None:

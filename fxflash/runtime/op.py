@@ -57,7 +57,9 @@ class RegisteredRegion:
         if self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame)):
             try:
                 with stage("launch", PinRefused):
-                    return self.launcher(inputs, sizes, frame, shapes, views)
+                    return self.launcher(inputs, sizes, frame, shapes, views,
+                                         own_ops=lambda: self.reference(*replay_views(inputs, views),
+                                                                        *self.extras(sizes, scalars)))
             except InternalError as exc:  # this region runs as eager from now on
                 self.failed = exc
                 warn(exc, "this region runs as eager PyTorch from now on")

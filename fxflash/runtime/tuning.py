@@ -71,10 +71,15 @@ SAMPLE_MS = 50              # GPU time spent timing each candidate, split over t
 MIN_ROUNDS, MAX_ROUNDS = 10, 100
 CONTENDER_MARGIN = 0.10     # within 10 % of the fastest at full clock: timed sustained
 MAX_CONTENDERS = 3
+OUT_OF_RANGE = 4.0          # a candidate whose first timed launch took this many times the fastest's
+                            # is not sampled further (the region's own ops: 24 ms against 0.4)
 REST_MS, SETTLE_MS, MEASURE_MS = 200, 250, 100   # a contender's rest, sustained run, timed launches
 MAX_SETTLE_LAUNCHES, MAX_MEASURED_LAUNCHES = 1000, 200
 
 Tile = tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+# The candidate that runs the region's own ops (its eager reference) instead of a kernel: timed
+# beside the kernel's tiles, so that a region whose best kernel loses keeps the user's code.
+EAGER: Tile = ("eager",)
 
 _lock = threading.Lock()
 _chosen: dict[str, Tile] = {}     # key → configuration, this process
@@ -120,6 +125,8 @@ def tile_of(label: str) -> Tile:
 
 
 def describe(tile: Tile) -> str:
+    if tile == EAGER:
+        return "the region's own ops, run by PyTorch (every kernel was slower)"
     if tile[0] == "gluon":  # gluon.GLUON_CONFIGS
         t = gluon_tile(tile)
         groups = (f"{t.consumers} consumer warp group{'s' if t.consumers > 1 else ''}"
@@ -373,6 +380,7 @@ def _compile_all(candidates, run, device_index) -> int:
         with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
             run(tile)
 
+    candidates = [tile for tile in candidates if tile != EAGER]  # nothing to compile
     compiled = precompile.compile_all([on_device(tile) for tile in candidates]) if config.precompile else 0
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:
         for future in [pool.submit(first_launch, tile) for tile in candidates]:
@@ -397,8 +405,10 @@ def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
         progress.step(tile)
     if not estimates:
         raise RuntimeError(f"fxflash: no tile configuration of {name} runs on this device: {failures}")
-    rounds = rounds_for(list(estimates.values()))
-    samples = interleaved_samples({tile: (lambda tile=tile: run(tile)) for tile in estimates}, clock, rounds)
+    fastest = min(estimates.values())
+    sampled = [tile for tile, ms in estimates.items() if ms <= OUT_OF_RANGE * fastest]
+    rounds = rounds_for([estimates[tile] for tile in sampled])
+    samples = interleaved_samples({tile: (lambda tile=tile: run(tile)) for tile in sampled}, clock, rounds)
     medians = {tile: statistics.median(times) for tile, times in samples.items()}
     contenders = contenders_of(medians)
     sustained = {} if len(contenders) == 1 else {
@@ -408,6 +418,7 @@ def _tune(name, key, candidates, frame, run, clock, device_index) -> Tile:
     progress.step(best)
     progress.done(best, seconds)
     ms = {_label(t): round(m, 5) for t, m in medians.items()}
+    ms.update({_label(t): round(m, 5) for t, m in estimates.items() if t not in medians})  # one launch each
     entry = dict(kernel=name, config=list(best), sizes=[int(s) for s in frame], rounds=rounds, ms=ms,
                  sustained_ms={_label(t): round(m, 5) for t, m in sustained.items()},
                  failed=sorted(_label(t) for t in failures), seconds=round(seconds, 3),
