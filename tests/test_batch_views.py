@@ -56,3 +56,26 @@ def test_a_view_not_on_the_way_from_a_contraction_stays():
     fast = fxflash.optimize(variants.diff_attention)
     assert_fused(fast.report(*args))
     assert_accurate(variants.diff_attention, args, fast(*args))
+
+
+def test_bloom_in_bf16_fuses_and_its_kernel_reads_the_16_bit_q_and_k():
+    """In bf16, torch's baddbmm decomposition widens q and k to fp32 and casts the scores back to
+    bf16 before BLOOM's view: the view moves up through that cast too, and the kernel reads q and
+    k as they are (Operand.widened: a bf16 dot with fp32 sums is eager's fp32 dot of the widened
+    values), so the fp32 copies of q and k leave the graph."""
+    from helpers import region_and_kinds
+
+    args = tuple(a.to(torch.bfloat16) for a in _inputs())
+    fast = fxflash.optimize(bloom_attention)
+    report = fast.report(*args)
+    assert_fused(report)
+    assert_accurate(bloom_attention, args, fast(*args))
+    region, _ = region_and_kinds(bloom_attention, *args)
+    for operand in (region.q, region.k):
+        assert operand.widened and operand.node.meta["val"].dtype is torch.bfloat16
+        assert operand.math_dtype is torch.float32
+    assert not region.v.widened
+    casts = [n for n in report.rewritten.graph.nodes
+             if n.target is aten._to_copy.default and n.meta["val"].dtype is torch.float32 and n.meta["val"].dim() == 3
+             and n.meta["val"].shape[-1] == 8]
+    assert not casts, casts

@@ -8,7 +8,7 @@ contraction. An elementwise op commutes with a reshape of all its operands, so
     view(op(x, y), [B, H, *rest])  →  op(view(x, [B, H, *rest]), view(y, [B, H, *rest']))
 
 where the view splits only the first axis (``B·H → B, H``; the other axes unchanged), ``op`` is
-one of ELEMENTWISE whose only user is the view, and a contraction lies behind ``op`` through such
+one of ELEMENTWISE or a cast of the dtype (``_elementwise``) whose only user is the view, and a contraction lies behind ``op`` through such
 ops. An operand of full rank with the whole first axis is viewed the same way, one with a first
 axis of one as ``[1, 1, …]``, one of lower rank (it broadcasts from the right) or a scalar is left
 as it is. Repeated until the view reaches an op
@@ -25,6 +25,12 @@ aten = torch.ops.aten
 
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 ELEMENTWISE = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor}
+
+
+def _elementwise(node: fx.Node) -> bool:
+    """One of ELEMENTWISE, or a cast that changes the dtype only (``_to_copy(x, dtype=…)``: torch's
+    ``baddbmm`` decomposition computes in fp32 and casts a 16-bit result back)."""
+    return node.target in ELEMENTWISE or (node.target is aten._to_copy.default and set(node.kwargs) <= {"dtype"})
 
 
 def _split(view: fx.Node) -> tuple | None:
@@ -49,14 +55,14 @@ def _reaches_contraction(node) -> bool:
         return False
     if node.target is aten.bmm.default:
         return True
-    return (node.target in ELEMENTWISE and len(node.users) == 1
+    return (_elementwise(node) and len(node.users) == 1
             and any(_reaches_contraction(a) for a in node.args))
 
 
 def _hoistable(view: fx.Node) -> tuple | None:
     src = view.args[0]
     if not (view.op == "call_function" and view.target in VIEWS and isinstance(src, fx.Node)
-            and src.op == "call_function" and src.target in ELEMENTWISE and len(src.users) == 1
+            and src.op == "call_function" and _elementwise(src) and len(src.users) == 1
             and _reaches_contraction(src)):
         return None
     return _split(view)

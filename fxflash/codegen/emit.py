@@ -238,7 +238,7 @@ class _Printer:
         self.vars_of = {s: {} for s in {None, *self.streams}}
         self.vars = self.vars_of[None]
         self.stream = None
-        self.sixteen_bit = region.q.node.meta["val"].element_size() == 2
+        self.sixteen_bit = region.q.math_dtype.itemsize == 2
         self.saturable: list = []  # (running maximum, kept in exp2 units, -inf guarded, its rows' seen_) flagged
         self.checks: list = []     # (row value, bound): rows where it reaches ``bound`` are flagged too
         self.checks_output = False  # rows whose output is inf or NaN are flagged too
@@ -875,7 +875,7 @@ class _Printer:
     def prints_fma(self, hom) -> bool:
         """Is ``E(x − m)`` printed as one multiply-add before ``exp2`` (Homomorphism.apply_fma:
         16-bit inputs, ``options.exp2_fma``)?"""
-        return hom.apply_fma is not None and self.options.exp2_fma and self.r.q.node.meta["val"].element_size() == 2
+        return hom.apply_fma is not None and self.options.exp2_fma and self.r.q.math_dtype.itemsize == 2
 
     def max_in_log2(self, m: fx.Node) -> bool:
         """Is the running maximum ``m`` kept in exp2 units (Homomorphism.apply_log2)? Only a
@@ -1262,7 +1262,7 @@ class _Printer:
         checked row value reaches its bound, or (``checks_output``) its output is inf or NaN,
         which an accumulation of unnormalized terms can reach where eager's normalized one does
         not. Rows past ``M`` are left out."""
-        bound = SATURATION_LOG2.get(self.r.q.node.meta["val"].dtype)  # 16-bit inputs: their maxima flagged
+        bound = SATURATION_LOG2.get(self.r.q.math_dtype)  # 16-bit inputs: their maxima flagged
         kept = " & ~uniform" if self.uniform else ""  # those rows are exact (uniform_mask)
         bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
                + (f" & {seen}" if guarded else "") + kept for acc, log2, guarded, seen in self.saturable]

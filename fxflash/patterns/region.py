@@ -128,6 +128,15 @@ class Operand:
     batch_rank: int
     transposed: bool = False  # the tensor holds [*batch, cols, rows]
     scale: tuple = ()         # (("mul" | "div", constant), …) applied to each loaded tile, in order
+    # 16-bit values eager widens to fp32 before the contraction (torch's baddbmm decomposition):
+    # the kernel dots the 16-bit tiles with fp32 accumulation, the same exact products (a product
+    # of two 16-bit values fits fp32's mantissa) and fp32 sums
+    widened: bool = False
+
+    @property
+    def math_dtype(self) -> torch.dtype:
+        """The dtype eager's contraction computes in (fp32 where the operand was widened)."""
+        return torch.float32 if self.widened else self.node.meta["val"].dtype
 
 
 @dataclasses.dataclass
@@ -260,19 +269,29 @@ def _keeps_tile(node: fx.Node, src: fx.Node, want: tuple, batch: int) -> bool:
     return not (_is(node, aten.expand) and tuple(node.args[1]) != s)
 
 
-def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Operand:
+def _widens(node: fx.Node, src: fx.Node) -> bool:
+    """Is ``node`` ``src`` (fp16 or bf16) cast to fp32 and nothing else?"""
+    return (_is(node, aten._to_copy) and node.kwargs == {"dtype": torch.float32}
+            and src.meta["val"].dtype in (torch.float16, torch.bfloat16))
+
+
+def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set, widen: bool = False) -> Operand:
     """Follow batch-only regroupings (views, copies, identity expands), transposes of the
     last two axes and multiplications by a Python number back to the earliest tensor that still
     holds ``[*batch, rows, cols]`` (or its transpose) with the same batch size, so the kernel
     reads the user's tensor with its real strides instead of a copy (a GQA key expanded,
     copied, then transposed; a query scaled by ``1/√d``, the scale then applied to the loaded
-    tile in the input dtype, rounded as eager rounds it)."""
+    tile in the input dtype, rounded as eager rounds it). With ``widen``, also back through one
+    cast of 16-bit values to fp32 met before any scale (``Operand.widened``)."""
     batch = math.prod(_shape(node)[:-2])
-    current, transposed, scale = node, False, []
+    current, transposed, scale, widened = node, False, [], False
     while current not in region_nodes:
         src = current.args[0] if current.args else None
         if not isinstance(src, fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
             break
+        if widen and not widened and not scale and _widens(current, src):
+            current, widened = src, True
+            continue
         factor = _scalar_scale(current)
         if factor is not None:
             scale.insert(0, factor)
@@ -284,7 +303,15 @@ def _walk_operand(node: fx.Node, rows: int, cols: int, region_nodes: set) -> Ope
         if not _keeps_tile(current, src, (cols, rows) if swap != transposed else (rows, cols), batch):
             break
         current, transposed = src, transposed != swap
-    return Operand(current, len(_shape(current)) - 2, transposed, tuple(scale))
+    return Operand(current, len(_shape(current)) - 2, transposed, tuple(scale), widened)
+
+
+def _score_operands(mm: fx.Node, M: int, D: int, N: int, region_nodes: set) -> tuple:
+    """Q and K of the score contraction ``mm``: widened together or not at all (one dot dtype)."""
+    q, k = _walk_operand(mm.args[0], M, D, region_nodes, True), _walk_operand(mm.args[1], D, N, region_nodes, True)
+    if q.widened and k.widened and q.node.meta["val"].dtype == k.node.meta["val"].dtype:
+        return q, k
+    return _walk_operand(mm.args[0], M, D, region_nodes), _walk_operand(mm.args[1], D, N, region_nodes)
 
 
 def _frame_of(first: fx.Node, region_nodes: set) -> fx.Node:
@@ -636,9 +663,8 @@ def build_region(analysis: GraphAnalysis, chain: Chain, options: KernelOptions |
     epilogue = [n for n in dag if infer.forms[n].kind == "row" and packet(n.target) not in ONLINE_REDUCTIONS
                 and n not in infer.absorbed]
     loop_nodes = [n for n in dag if n not in epilogue]
-    q = _walk_operand(first.args[0], M, D, region_nodes)
-    k = _walk_operand(first.args[1], D, N, region_nodes)
-    v = _walk_operand(second.args[1], N, Dv, region_nodes)
+    q, k = _score_operands(first, M, D, N, region_nodes)
+    v = _walk_operand(second.args[1], N, Dv, region_nodes)  # never widened: P stays fp32 as eager's
     steps = [
         Step(DEMOTION, f"dimension demotion: {dim_name(chain.demoted)} (N={N}), parallel in {first.name}, becomes "
                        f"the reduction axis of the region; one program per row tile loops over it"),
