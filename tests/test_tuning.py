@@ -223,6 +223,7 @@ def test_every_candidate_tile_computes_the_same_attention():
             assert_accurate(variant.fn, args, fast(*args))
 
 
+@pytest.mark.fusion_independent
 def test_a_dry_launch_records_each_specialization_and_leaves_triton_s_hook_as_it_was(monkeypatch):
     """precompile.specializations: while ``run`` runs, Triton's jit_cache_hook records what each
     launch would compile and stops it (True); another thread's compilation goes to the hook it
@@ -262,6 +263,7 @@ def test_a_dry_launch_records_each_specialization_and_leaves_triton_s_hook_as_it
     assert knobs.runtime.jit_cache_hook is users_hook
 
 
+@pytest.mark.fusion_independent
 def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
     """A compile worker (a fresh interpreter) answers every job, a failed one too: the launch then
     compiles that kernel itself, and nothing waits on a worker forever."""
@@ -278,6 +280,7 @@ def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
         worker.close()
 
 
+@pytest.mark.fusion_independent
 def test_the_tuner_keeps_the_regions_own_ops_only_where_they_are_faster(fresh):
     """tuning.EAGER is a candidate like a tile: kept, stored and read back where it is the
     fastest, passed over where a tile is."""
@@ -292,6 +295,7 @@ def test_the_tuner_keeps_the_regions_own_ops_only_where_they_are_faster(fresh):
     assert "PyTorch" in tuning.describe(tuning.EAGER)
 
 
+@pytest.mark.fusion_independent
 def test_a_candidate_far_slower_at_its_first_launch_is_not_sampled_further(fresh):
     """tuning.OUT_OF_RANGE: one timed launch shows the region's own ops (or a tile) far behind the
     fastest; they are not run in the interleaved rounds, and tuning.json records that launch."""

@@ -1086,8 +1086,7 @@ class _Printer:
         tests = self.tile_tests()
         if tests is None:
             return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
-        lines, empty, full = tests
-        row_part, key_part = _split_invariant(lines, ("n_lo", "n_hi", KEY_TILES))
+        (row_part, key_part), empty, full = tests
         self.full_proved = full is not None
         out = ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part,
                "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)", "lo_t = n_tiles", "hi_t = n_tiles * 0",
@@ -1112,16 +1111,16 @@ class _Printer:
         return out
 
     def tile_tests(self):
-        """(vectorizable lines, empty, full): ``empty`` is true for a key tile
-        ``[n_lo, n_hi]`` (vectors over tiles) that one of the region's tile masks masks
-        everywhere on rows ``[m_lo, m_hi]``; ``full`` (None when not every mask has an
+        """((lines once per row tile, lines per chunk of key tiles), empty, full): ``empty`` is true
+        for a key tile ``[n_lo, n_hi]`` (vectors over tiles) that one of the region's tile masks
+        masks everywhere on rows ``[m_lo, m_hi]``; ``full`` (None when not every mask has an
         interval, or ``options.full_tiles`` is off) is true where every tile mask keeps every
         score. None when no mask has one."""
         from .intervals import IntervalPrinter, NoInterval
 
         ranges = {ROW: ("m_lo", "m_hi"), COL: ("n_lo", "n_hi")}
         ranges.update({f"fb{i}": (f"fb{i}", f"fb{i}") for i in range(len(self.frame_shape) - 2)})
-        ip = IntervalPrinter(self, ranges, KEY_TILES)
+        ip = IntervalPrinter(self, ranges, KEY_TILES, COL)
         # each stream reads the masks at its own batch indices and all share the key loop: a
         # tile is empty when every stream has a mask that empties it, full when no mask of
         # any stream masks a score of it
@@ -1155,7 +1154,7 @@ class _Printer:
         self.skips_tiles = True
         # the interpreter's test shapes have few tiles: small chunks so that they take several
         self.scan = 4 if interpreting() else 128
-        return ip.lines, " & ".join(empty), " & ".join(full) if complete and self.options.full_tiles else None
+        return ip.split_lines(), " & ".join(empty), " & ".join(full) if complete and self.options.full_tiles else None
 
     def full_tile_loop(self) -> list | None:
         """The loop body for tiles where every tile mask keeps every score: each mask's
@@ -1518,21 +1517,6 @@ def _literal_bound(value) -> tuple | None:
     if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= NARROW_LITERAL_LIMIT:
         return None
     return (0, abs(value))
-
-
-def _split_invariant(lines: list, loop_vars: tuple) -> tuple[list, list]:
-    """Split ``name = code`` lines into those that read none of ``loop_vars`` (directly or
-    through an earlier line) and those that do, each in their original order."""
-    variant_names = set(loop_vars)
-    invariant, variant = [], []
-    for line in lines:
-        name, code = line.split(" = ", 1)
-        if any(re.search(rf"\b{re.escape(v)}\b", code) for v in variant_names):
-            variant_names.add(name)
-            variant.append(line)
-        else:
-            invariant.append(line)
-    return invariant, variant
 
 
 def row_guard(value: fx.Node, empty: float) -> fx.Node | None:

@@ -49,6 +49,7 @@ class Interval:
     hi: str = ""
     must: str = ""    # booleans
     may: str = ""
+    varies: bool = False  # its code reads the key tiles' range (IntervalPrinter.varying)
 
     @property
     def is_bool(self) -> bool:
@@ -71,19 +72,42 @@ def _bool(must, may):
 class IntervalPrinter:
     """Prints the interval of an index expression at tile index expressions ``idx``."""
 
-    def __init__(self, printer, index_ranges: dict, key_tiles: str):
+    def __init__(self, printer, index_ranges: dict, key_tiles: str, key_index: str):
         self.p = printer
         self.ranges = dict(index_ranges)  # index string → (lo, hi) code
         self.key_tiles = key_tiles        # the key tiles' indices (a vector), for their summaries
+        self.key_index = key_index        # the index whose range is the key tiles' (emit's COL)
         self.lines: list[str] = []
+        self.varying: set[str] = set()    # lines that read the key tiles' range: per chunk of tiles
         self.count = 0
         self.unknown: list[str] = []      # "node (why)": junction operands taken as unknown
+        self._reads_keys = False          # does the node being printed read the key tiles' range?
 
     def bind(self, code: str) -> str:
+        """A line ``iv<k> = code`` of the node being printed; it varies with the key tiles where
+        that node's interval does (decided from the operands and indices, not the code)."""
         self.count += 1
         name = f"iv{self.count}"
         self.lines.append(f"{name} = {code}")
+        if self._reads_keys:
+            self.varying.add(self.lines[-1])
         return name
+
+    def split_lines(self) -> tuple[list, list]:
+        """(lines computed once per row tile, lines computed per chunk of key tiles), in order."""
+        return ([line for line in self.lines if line not in self.varying],
+                [line for line in self.lines if line in self.varying])
+
+    def range_varies(self, e: str | None) -> bool:
+        """Does index ``e``'s range follow the key tiles (the key index, or an affine map of it)?"""
+        if e is None or e in self.ranges:
+            return e == self.key_index
+        affine = self.p.affine_idx.get(e)
+        return affine is not None and self.range_varies(affine[1])
+
+    def _printing(self, reads_keys: bool) -> bool:
+        self._reads_keys = reads_keys
+        return reads_keys
 
     def index_range(self, e: str | None) -> tuple[str, str]:
         if e is None:
@@ -122,7 +146,9 @@ class IntervalPrinter:
                 raise NoInterval("arange with symbolic start or step")
             lo, hi = self.index_range(idx[0] if idx else None)
             a, b = f"({start} + ({lo}) * {step})", f"({start} + ({hi}) * {step})"
-            return _int(a, b) if step >= 0 else _int(b, a)
+            iv = _int(a, b) if step >= 0 else _int(b, a)
+            iv.varies = self.range_varies(idx[0] if idx else None)
+            return iv
         if p in CONSTANT_FILLS:
             value = constant_value(node)
             if dtype is torch.bool:
@@ -136,6 +162,7 @@ class IntervalPrinter:
             return _int(str(int(value)), str(int(value)))
         if p in (aten.tril, aten.triu):
             x = self.of(node.args[0], idx)
+            varies = self._printing(x.varies or self.range_varies(idx[-2]) or self.range_varies(idx[-1]))
             diag = node.args[1] if len(node.args) > 1 else 0
             rlo, rhi = self.index_range(idx[-2])
             clo, chi = self.index_range(idx[-1])
@@ -144,17 +171,29 @@ class IntervalPrinter:
             else:                # keep where col - row >= diag
                 must, may = f"(({clo}) - ({rhi}) >= {diag})", f"(({chi}) - ({rlo}) >= {diag})"
             if x.is_bool:
-                return _bool(self.bind(f"{x.must} & {must}"), self.bind(f"{x.may} & {may}"))
+                return Interval(must=self.bind(f"{x.must} & {must}"), may=self.bind(f"{x.may} & {may}"),
+                                varies=varies)
             # numbers: x where kept, 0 elsewhere (torch.triu(torch.ones(L, L), 1))
             kept_all, kept_any = self.bind(must), self.bind(may)
-            return _int(self.bind(f"tl.where({kept_all}, {x.lo}, tl.where({kept_any}, tl.minimum({x.lo}, 0), 0))"),
-                        self.bind(f"tl.where({kept_all}, {x.hi}, tl.where({kept_any}, tl.maximum({x.hi}, 0), 0))"))
+            return Interval(
+                lo=self.bind(f"tl.where({kept_all}, {x.lo}, tl.where({kept_any}, tl.minimum({x.lo}, 0), 0))"),
+                hi=self.bind(f"tl.where({kept_all}, {x.hi}, tl.where({kept_any}, tl.maximum({x.hi}, 0), 0))"),
+                varies=varies)
         rule = RULES.get(p)
         if rule is not None:
-            return rule(self, node, self.operands(node, idx))
+            return self._ruled(rule, node, self.operands(node, idx))
         if p in LAYOUTS:
             return self.of(node.args[0], self.p.layout_source_idx(node, idx))
         raise NoInterval(f"{node.name}: no interval rule for {node.target}")
+
+    def _ruled(self, rule, node: fx.Node, operands: list) -> Interval:
+        """``rule``'s interval of ``node``: it reads the key tiles where an operand does (unless
+        its bounds are constants: READS_NO_OPERAND)."""
+        varies = self._printing(rule not in READS_NO_OPERAND and any(x.varies for x in operands))
+        iv = rule(self, node, operands)
+        if iv.varies != varies:  # a rule may return an operand itself (a copy): never changed in place
+            iv = dataclasses.replace(iv, varies=varies)
+        return iv
 
     def operands(self, node: fx.Node, idx: tuple) -> list[Interval]:
         """The intervals of ``node``'s arguments. Boolean operands of ``&`` and ``|`` without
@@ -184,7 +223,7 @@ class IntervalPrinter:
         if kind in (OpKind.ELEMENTWISE, OpKind.LAYOUT) and node.op == "call_function":
             rule = RULES.get(packet(node.target))
             if rule is not None:
-                return rule(self, node, self.operands(node, idx))
+                return self._ruled(rule, node, self.operands(node, idx))
             if kind is OpKind.LAYOUT:
                 return self.of(node.args[0], self.p.layout_source_idx(node, idx))
             raise NoInterval(f"{node.name}: no interval rule")
@@ -192,7 +231,8 @@ class IntervalPrinter:
             raise NoInterval(f"{node.name}: a {dtype} tensor, not summarized per tile (integer and boolean ones are)")
         values = self.of_integer_input(node, idx)
         if dtype is torch.bool:  # False < True: all true where the minimum is, some where the maximum is
-            return _bool(self.bind(f"({values.lo}) != 0"), self.bind(f"({values.hi}) != 0"))
+            return Interval(must=self.bind(f"({values.lo}) != 0"), may=self.bind(f"({values.hi}) != 0"),
+                            varies=values.varies)
         return values
 
     def of_integer_input(self, node: fx.Node, idx: tuple) -> Interval:
@@ -204,11 +244,13 @@ class IntervalPrinter:
                                      for e in idx):
             raise NoInterval(f"{node.name}: read along more than one tile axis")
         if not tile_axes:  # one value per program
+            self._printing(False)
             ptr, offset = self.p.input_address(node, idx)
             value = self.bind(f"tl.load({ptr} + {offset}).to(tl.int64)")
             return _int(value, value)
         (axis, e), = tile_axes
         big = "9223372036854775807"
+        self._printing(e != "rm")  # the key tiles' summaries vary with them, the row tile's values do not
         if e == "rm":   # the one query tile: a vector of its rows
             offs = self.bind("m_lo + tl.arange(0, BLOCK_M)")
             inside = f"{offs} <= m_hi"
@@ -220,8 +262,8 @@ class IntervalPrinter:
         # key tiles, a vector of them at a time: their min and max, computed once per launch
         lo, hi, offset = self.p.summary_address(node, axis, idx, self.key_tiles)
         inside = f"{self.key_tiles} < n_tiles"
-        return _int(self.bind(f"tl.load({lo} + {offset}, mask={inside}, other=0).to(tl.int64)"),
-                    self.bind(f"tl.load({hi} + {offset}, mask={inside}, other=0).to(tl.int64)"))
+        return Interval(lo=self.bind(f"tl.load({lo} + {offset}, mask={inside}, other=0).to(tl.int64)"),
+                        hi=self.bind(f"tl.load({hi} + {offset}, mask={inside}, other=0).to(tl.int64)"), varies=True)
 
 
 def _is_tensor(arg) -> bool:
@@ -365,4 +407,5 @@ RULES = {
     aten.logical_not: _not, aten.bitwise_not: _not,
     aten._to_copy: _same, aten.clone: _same, aten.alias: _same, aten.where: _where,
 }
+READS_NO_OPERAND = (_remainder,)  # [0, c − 1] whatever x: computed once per row tile
 JUNCTIONS = (aten.logical_and, aten.bitwise_and, aten.logical_or, aten.bitwise_or)
