@@ -53,12 +53,26 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
                           f"per item on rows of at least {GLUON_MIN_KEYS} keys"
                           + (", on a persistent grid on shorter rows" if plan.gluon.dense else ""))
         report.steps = [step.text for step in region.steps] + [
-            f"block sparsity: {why}" for why in plan.unclassified] + [gluon_line]
+            f"block sparsity: {why}" for why in plan.unclassified] + [*_own_ops_line(plan), gluon_line]
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]
         report.traffic = region_traffic(region.nodes, chain.inputs, plan.input_nodes, outputs, analysis.kinds)
     return report
+
+
+def _own_ops_line(plan) -> list[str]:
+    """What the tuner does with the region's own ops (runtime/tuning.py, EAGER), and where it kept
+    them: sizes at which every kernel was slower, from this process's or tuning.json's choices."""
+    from .runtime import tuning
+
+    if not config.time_eager:
+        return []
+    sources = [plan.source] + ([plan.source + plan.gluon.source] if plan.gluon is not None else [])
+    kept = tuning.own_ops_kept(sources)
+    return ["tuning: on a GPU the region's own ops, run by PyTorch, are timed beside its kernels and run "
+            "where every kernel is slower" + (f"; kept so at sizes {', '.join(kept)} (batch×M×N, rounded up)"
+                                              if kept else "")]
 
 
 # Triton interpreters that cannot run a kernel beside a NumPy release, as

@@ -305,3 +305,19 @@ def test_a_candidate_far_slower_at_its_first_launch_is_not_sampled_further(fresh
     assert gpu.launched.count(slow) == 1
     (entry,) = json.loads((fresh / "tuning.json").read_text())["entries"].values()
     assert "64x64x4x2" in entry["ms"]
+
+
+def test_explain_says_where_the_tuner_kept_the_regions_own_ops(fresh):
+    """explain() tells that the tuner times the region's own ops, and at which sizes it kept them
+    (a choice of this process or of tuning.json)."""
+    from helpers import assert_fused
+
+    variant = VARIANTS["vanilla"]
+    args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=20, N=24, D=16, Dv=16), torch.float32, "cpu")
+    (region,) = assert_fused(fxflash.explain(variant.fn, *args))
+    (line,) = [step for step in region.steps if step.startswith("tuning:")]
+    assert "own ops" in line and "kept so" not in line
+    tuning._chosen[tuning.tuning_key(region.source, [torch.bfloat16] * 3, "GPU sm90", FRAME)] = tuning.EAGER
+    (region,) = assert_fused(fxflash.explain(variant.fn, *args))
+    (line,) = [step for step in region.steps if step.startswith("tuning:")]
+    assert "kept so at sizes 64x1024x1024" in line

@@ -241,6 +241,16 @@ def _stored_tile(key: str, candidates) -> Tile | None:
     return tile if tile is not None and tile in candidates else None
 
 
+def own_ops_kept(sources) -> list[str]:
+    """The size buckets (``batch×M×N``, rounded up to powers of two) at which the tuner kept the
+    region's own ops (EAGER) for a kernel printed as one of ``sources``, in this process or in
+    tuning.json: for explain()."""
+    hashes = {_source_hash(source) for source in sources}
+    stored = {key: _valid_tile(entry.get("config")) for key, entry in _read_disk().items() if isinstance(entry, dict)}
+    return sorted({key.rsplit("|", 1)[-1] for key, tile in {**stored, **_chosen}.items()
+                   if tile == EAGER and key.split("|", 1)[0] in hashes})
+
+
 @contextlib.contextmanager
 def pinned(tile: Tile):
     """Launch every kernel with ``tile`` while inside, on the GPU and in the interpreter (for
