@@ -54,11 +54,26 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
                           + (", on a persistent grid on shorter rows" if plan.gluon.dense else ""))
         report.steps = [step.text for step in region.steps] + [
             f"block sparsity: {why}" for why in plan.unclassified] + [*_own_ops_line(plan), gluon_line]
+        report.backward, report.backward_refusal = _backward(region, analysis.kinds)
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]
         report.traffic = region_traffic(region.nodes, chain.inputs, plan.input_nodes, outputs, analysis.kinds)
     return report
+
+
+def _backward(region, kinds) -> tuple:
+    """(the region's backward tile programs, "") or ((), why not): for explain() only, so an
+    error here is reported there and never stops the forward."""
+    from .codegen.printers import PRINTERS
+    from .tile.backward import BackwardRefused, lower_backward
+
+    try:
+        return lower_backward(region, kinds, PRINTERS), ""
+    except BackwardRefused as exc:
+        return (), str(exc)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return (), f"internal error ({type(exc).__name__}: {exc})"
 
 
 def _own_ops_line(plan) -> list[str]:

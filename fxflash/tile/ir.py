@@ -107,29 +107,34 @@ class RowReduce:
 
 @dataclasses.dataclass(frozen=True)
 class Accumulate:
-    """``acc += sign · p · v`` (``[BM, BN] · [BN, Dv]``), rescaled like ``p``'s running maximum."""
+    """``acc += sign · p · v`` (``[BM, BN] · [BN, Dv]``), rescaled like ``p``'s running maximum;
+    ``transposed``: ``acc += pᵀ · v`` (a backward's ``dV += Pᵀ·dO``, per key tile)."""
 
     acc: str
     p: str
     v: str
     sign: int = 1
     rescaled_by: str | None = None
+    transposed: bool = False
 
     def __str__(self) -> str:
         rescale = f", rescaled when {self.rescaled_by} grows" if self.rescaled_by else ""
-        return f"{self.acc} {'+=' if self.sign > 0 else '-='} dot({self.p}, {self.v}){rescale}"
+        p = f"{self.p}ᵀ" if self.transposed else self.p
+        return f"{self.acc} {'+=' if self.sign > 0 else '-='} dot({p}, {self.v}){rescale}"
 
 
 @dataclasses.dataclass(frozen=True)
 class SkipIf:
-    """A key tile is not visited when ``condition`` is ``masked_when`` on all of it (its scores
-    are -inf there: every accumulator would be scaled by ``exp(-inf) = 0``)."""
+    """A key tile (``unit``: the tile the loop visits) is not visited when ``condition`` is
+    ``masked_when`` on all of it (its scores are -inf there: every accumulator would be scaled by
+    ``exp(-inf) = 0``, and in a backward every P and dS there is 0)."""
 
     condition: str
     masked_when: bool
+    unit: str = "key"
 
     def __str__(self) -> str:
-        return f"skip the key tile if {self.condition} is {self.masked_when} on all of it"
+        return f"skip the {self.unit} tile if {self.condition} is {self.masked_when} on all of it"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,14 +155,15 @@ class Finish:
 
 @dataclasses.dataclass(frozen=True)
 class Store:
-    """``tensor[index] = value``: ``tile`` "output" (``[BM, Dv]``) or "row values" (``[BM]``)."""
+    """``tensor[index] = value``: ``tile`` "output" (``[BM, Dv]``), "row values" (``[BM]``), or a
+    backward's gradient tiles "rows" (``[BM, D]``, dQ) and "keys" (``[BN, D]``, dK and dV)."""
 
     value: str
     tensor: str
     tile: str = "output"
 
     def __str__(self) -> str:
-        where = "[rows, :Dv]" if self.tile == "output" else "[rows]"
+        where = {"output": "[rows, :Dv]", "row values": "[rows]", "rows": "[rows, :]", "keys": "[keys, :]"}[self.tile]
         return f"store {self.value} → {self.tensor}{where}"
 
 
@@ -165,7 +171,9 @@ class Store:
 class TileProgram:
     """One fused kernel as tile operations (module docstring). ``frame``: the score frame's
     sizes ``[*batch, M, N]``; ``streams``: score maps computed over the same keys (differential
-    attention), each with its own Q tile and running values."""
+    attention), each with its own Q tile and running values. ``per``: the tile each program
+    owns, "row" (the forward) or "key" (a backward's dK and dV); ``loop``: the tiles its loop
+    visits, "key", "row" or "" (no loop: a backward's row sums)."""
 
     name: str
     frame: tuple
@@ -175,6 +183,8 @@ class TileProgram:
     epilogue: tuple
     stores: tuple
     streams: int = 1
+    per: str = "row"
+    loop: str = "key"
 
     def ops(self) -> tuple:
         """Every operation, in program order."""
@@ -182,14 +192,19 @@ class TileProgram:
 
     def __str__(self) -> str:
         *batch, m, n = self.frame
-        grid = " × ".join([*(str(b) for b in batch), f"⌈{m}/BM⌉"])
-        lines = [f"tile program {self.name}: one program per row tile, grid [{grid}]"
+        tiles = {"row": f"⌈{m}/BM⌉", "key": f"⌈{n}/BN⌉"}[self.per]
+        grid = " × ".join([*(str(b) for b in batch), tiles])
+        lines = [f"tile program {self.name}: one program per {self.per} tile, grid [{grid}]"
                  + (f", {self.streams} streams" if self.streams > 1 else "")]
         lines += [f"  {op}" for op in self.prologue]
-        lines.append(f"  for each key tile of {n} keys:")
-        lines += [f"    {op}" for op in (*self.skips, *self.body)]
-        lines.append("  after the loop:")
-        lines += [f"    {op}" for op in self.epilogue]
+        if self.loop:
+            count = {"key": f"{n} keys", "row": f"{m} rows"}[self.loop]
+            lines.append(f"  for each {self.loop} tile of {count}:")
+            lines += [f"    {op}" for op in (*self.skips, *self.body)]
+            lines.append("  after the loop:")
+            lines += [f"    {op}" for op in self.epilogue]
+        else:
+            lines += [f"  {op}" for op in self.epilogue]
         lines += [f"  {op}" for op in self.stores]
         return "\n".join(lines)
 

@@ -1,0 +1,235 @@
+"""The backward of a fused region as tile programs, lowered from the same region as the forward.
+
+For ``O = softmax(x)·V`` with ``x = f(S)``, ``S = Q·Kᵀ`` (``f``: the region's score chain, its
+ops between the contraction and the softmax) and the row statistic ``L = m + log l`` the forward
+saves (``with_statistics``: its running maximum and sum), the gradients are
+
+    P  = exp(x − L)                  recomputed from Q, K and L: no [M, N] tensor is kept
+    dV = Pᵀ·dO
+    dP = dO·Vᵀ
+    dx = P ⊙ (dP − Δ),  Δ = rowsum(dO ⊙ O)
+    dS = dx · f′                     the score chain's derivative, op by op (DERIVATIVES)
+    dQ = dS·K,  dK = dSᵀ·Q           times the operands' constant scales
+
+as three programs (FlashAttention-2's split, no atomics): Δ per row tile; dK and dV per key
+tile, looping over the row tiles; dQ per row tile, looping over the key tiles. The score
+chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
+exactly as in the forward, and the forward's tile masks skip the same tiles.
+
+The gradients are those of the region's own inputs: where the kernel reads a K or V expanded
+over a GQA group, each program's dK and dV are its head's, and the expand's own backward sums
+them. Not generated or run yet: the fused region's backward recomputes it eagerly (runtime/op.py);
+tests/test_tile_backward.py evaluates these programs against autograd.
+
+``lower_backward`` raises BackwardRefused, naming the op, where a region is outside this form
+(another reduction before P·V, several streams or score contractions, ops after P·V, an op of
+the score chain without a derivative rule).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..analysis.ops import packet
+from ..patterns.region import Region
+from .ir import Accumulate, Dot, Load, Map, SkipIf, Store, TileProgram
+from .lower import _Lowering, _op_name, _size
+
+aten = torch.ops.aten
+
+
+class BackwardRefused(Exception):
+    """The region's backward is not expressed as tile programs; the message says why."""
+
+
+def _mul(node, grad, deps, name):
+    a, b = node.args
+    if a in deps and b in deps:
+        return [(a, Map(name(a), "mul", (grad, _n(b)))), (b, Map(name(b), "mul", (grad, _n(a))))]
+    dep, other = (a, b) if a in deps else (b, a)
+    return [(dep, Map(name(dep), "mul", (grad, _n(other))))]
+
+
+def _div(node, grad, deps, name):
+    a, b = node.args
+    if b in deps:
+        raise BackwardRefused(f"{node.name}: a division by a value of the scores")
+    return [(a, Map(name(a), "div", (grad, _n(b))))]
+
+
+def _add(node, grad, deps, name, sign=1):
+    if node.kwargs.get("alpha", 1) != 1:
+        raise BackwardRefused(f"{node.name}: an add with alpha")
+    a, b = node.args[:2]
+    out = [] if a not in deps else [(a, Map(name(a), "alias", (grad,)))]
+    if b in deps:
+        out.append((b, Map(name(b), "alias" if sign > 0 else "neg", (grad,))))
+    return out
+
+
+def _unary(op):
+    """``d a = op(grad, y)``: ATen's own backward forms (``tanh_backward(g, y) = g·(1 − y²)``)."""
+    def rule(node, grad, deps, name):
+        (a,) = [x for x in node.args if isinstance(x, fx.Node)][:1]
+        return [(a, Map(name(a), op, (grad, node.name)))]
+    return rule
+
+
+def _passes(node, grad, deps, name):
+    """Views and casts in the score frame: the gradient passes unchanged (autograd's too)."""
+    return [(node.args[0], Map(name(node.args[0]), "alias", (grad,)))]
+
+
+def _where(node, grad, deps, name):
+    c, a, b = node.args
+    out = []
+    if a in deps:
+        out.append((a, Map(name(a), "where", (_n(c), grad, 0.0))))
+    if b in deps:
+        out.append((b, Map(name(b), "where", (_n(c), 0.0, grad))))
+    return out
+
+
+def _exp(node, grad, deps, name):
+    return [(node.args[0], Map(name(node.args[0]), "mul", (grad, node.name)))]
+
+
+# The derivative of each score-chain op with respect to its arguments that depend on the scores.
+DERIVATIVES = {
+    aten.mul: _mul, aten.div: _div, aten.add: _add, aten.sub: lambda *a: _add(*a, sign=-1),
+    aten.neg: lambda node, grad, deps, name: [(node.args[0], Map(name(node.args[0]), "neg", (grad,)))],
+    aten.tanh: _unary("tanh_backward"), aten.sigmoid: _unary("sigmoid_backward"), aten.exp: _exp,
+    aten.where: _where, aten._to_copy: _passes, aten.clone: _passes, aten.alias: _passes,
+    aten.view: _passes, aten._unsafe_view: _passes, aten.reshape: _passes,
+}
+
+
+def _n(a):
+    return a.name if isinstance(a, fx.Node) else a
+
+
+def with_statistics(program: TileProgram, region: Region) -> TileProgram:
+    """The forward ``program`` that also stores each row's ``L = m + log l`` (the backward's P)."""
+    m, l = _softmax(region)[:2]
+    epilogue = (*program.epilogue, Map("log_l", "log", (l.name,), "row"), Map("lse", "add", (m.name, "log_l"), "row"))
+    return TileProgram(program.name, program.frame, program.prologue, program.skips, program.body, epilogue,
+                       (*program.stores, Store("lse", "lse", "row values")), program.streams)
+
+
+def _softmax(r: Region) -> tuple:
+    """(max node, sum node, x: the softmax's input): a region of the form ``softmax(x)·V``."""
+    if r.partners or r.split is not None:
+        raise BackwardRefused("several score contractions or softmax streams")
+    if r.output_ops or r.side_outputs:
+        raise BackwardRefused("ops after P·V or row values returned beside the output")
+    maxes = [red for red in r.reductions if red.combine == "max"]
+    sums = [red for red in r.reductions if red.combine == "sum"]
+    if len(maxes) != 1 or len(sums) != 1 or len(r.reductions) != 2 or sums[0].scale is not maxes[0].node:
+        raise BackwardRefused("reductions other than one softmax's max and sum")
+    (sign, p, form), *more = r.terms
+    if more or sign != 1 or [(f.op, f.row) for f in form.factors] != [("div", sums[0].node)]:
+        raise BackwardRefused(f"{p.name}: P·V with P other than the softmax's exp / sum")
+    e = sums[0].source
+    if packet(e.target) is not aten.exp or p.args[0] is not e or packet(e.args[0].target) is not aten.sub:
+        raise BackwardRefused(f"{e.name}: a softmax other than exp(x − max) / sum")
+    x, m = e.args[0].args[:2]
+    if m is not maxes[0].node or maxes[0].source is not x:
+        raise BackwardRefused(f"{e.name}: the exponent is not x − max(x)")
+    return maxes[0].node, sums[0].node, x
+
+
+def _chain(r: Region, x: fx.Node) -> list:
+    """The score chain: the nodes of the region's DAG on a path from S to x, in graph order."""
+    inside = set(r.dag) | {r.frame}
+    from_s = {r.frame}
+    for node in r.dag:
+        if any(a in from_s for a in node.all_input_nodes):
+            from_s.add(node)
+    to_x, stack = set(), [x]
+    while stack:
+        node = stack.pop()
+        if node in to_x or node not in inside:
+            continue
+        to_x.add(node)
+        stack += node.all_input_nodes
+    return [n for n in r.dag if n in from_s and n in to_x]
+
+
+def _derivative(r: Region, chain: list) -> list:
+    """Maps from ``dx`` back to ``dS`` (named ``ds``), through the chain in reverse order."""
+    deps = {r.frame, *chain}
+    grads = {chain[-1]: "dx"} if chain else {r.frame: "dx"}
+    ops = []
+    for node in reversed(chain):
+        rule = DERIVATIVES.get(packet(node.target))
+        if rule is None:
+            raise BackwardRefused(f"{node.name} ({_op_name(node)}): no derivative rule")
+        for arg, op in rule(node, grads[node], deps, lambda a, node=node: f"d_{a.name}_from_{node.name}"):
+            ops.append(op)
+            if arg in grads:  # a value read twice: its gradients add
+                total = f"d_{arg.name}_{len(ops)}"
+                ops.append(Map(total, "add", (grads[arg], op.name)))
+                grads[arg] = total
+            else:
+                grads[arg] = op.name
+    ops.append(Map("ds", "alias", (grads[r.frame],)))
+    return ops
+
+
+def _scaled(name: str, operand, acc: str) -> list:
+    """``name`` = the accumulated gradient of a loaded (scaled) operand tile, times its scales."""
+    ops, value = [], acc
+    for i, (op, c) in enumerate(operand.scale):
+        ops.append(Map(f"{name}_{i}" if i < len(operand.scale) - 1 else name, op, (value, c), "row"))
+        value = ops[-1].name
+    return ops or [Map(name, "alias", (acc,), "row")]
+
+
+def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
+    """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring)."""
+    r = region
+    _, _, x = _softmax(r)
+    chain = _chain(r, x)
+    derivative = _derivative(r, chain)
+    frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
+    out = r.output.name
+    delta = TileProgram(
+        f"{name}_bwd_delta", frame, (Load("do", f"d{out}", "output"), Load("o", out, "output")), (), (),
+        (Map("do_o", "mul", ("do", "o"), "row"), Map("delta", "sum", ("do_o", -1), "row")),
+        (Store("delta", "delta", "row values"),), per="row", loop="")
+
+    def recompute(lowering: _Lowering) -> list:
+        """S, the score chain with its inputs, and P = exp(x − L)."""
+        ops = [Dot(r.frame.name, "q", "k")]
+        lowering.bound.add(r.frame)
+        for node in chain:
+            ops += lowering._inputs(node, "scores")
+            ops.append(Map(node.name, _op_name(node), lowering._args(node)))
+            lowering.bound.add(node)
+        return ops + [Map("x_minus_lse", "sub", (x.name, "lse")), Map("p", "exp", ("x_minus_lse",))]
+
+    def gradient_of_x() -> list:
+        return [Map("dp_minus_delta", "sub", ("dp", "delta")), Map("dx", "mul", ("p", "dp_minus_delta"))]
+
+    kv = _Lowering(r, kinds, printable)
+    rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("lse", "lse", "row values"),
+            Load("delta", "delta", "row values")]
+    dkdv = TileProgram(
+        f"{name}_bwd_dkdv", frame,
+        (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
+        tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in r.tile_masks),
+        (*rows, *recompute(kv), Accumulate("dv", "p", "do", transposed=True), Dot("dp", "do", "v"),
+         *gradient_of_x(), *derivative, Accumulate("dk_acc", "ds", "q", transposed=True)),
+        tuple(_scaled("dk", r.k, "dk_acc")), (Store("dk", f"d{r.k.node.name}", "keys"),
+                                              Store("dv", f"d{r.v.node.name}", "keys")),
+        per="key", loop="row")
+    qs = _Lowering(r, kinds, printable)
+    dq = TileProgram(
+        f"{name}_bwd_dq", frame,
+        (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("lse", "lse", "row values"),
+         Load("delta", "delta", "row values")),
+        tuple(SkipIf(m.condition.name, m.masked_when) for m in r.tile_masks),
+        (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
+         Dot("dp", "do", "v"), *gradient_of_x(), *derivative, Accumulate("dq_acc", "ds", "k")),
+        tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
+    return delta, dkdv, dq
