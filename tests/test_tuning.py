@@ -321,3 +321,12 @@ def test_explain_says_where_the_tuner_kept_the_regions_own_ops(fresh):
     (region,) = assert_fused(fxflash.explain(variant.fn, *args))
     (line,) = [step for step in region.steps if step.startswith("tuning:")]
     assert "kept so at sizes 64x1024x1024" in line
+
+
+@pytest.mark.fusion_independent
+def test_a_choice_of_the_regions_own_ops_is_not_returned_to_a_caller_that_cannot_run_them(fresh):
+    """A launch that does not offer tuning.EAGER (its own ops not at hand, or no memory to time
+    them) is never handed it from this process's earlier choice: its kernels are timed instead."""
+    gpu = FakeGPU(times={**TIMES, tuning.EAGER: 0.1})
+    assert choose(gpu, candidates=[*CANDIDATES, tuning.EAGER]) == tuning.EAGER
+    assert choose(gpu) == (128, 128, 8, 3)

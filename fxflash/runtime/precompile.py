@@ -120,13 +120,12 @@ def start_workers(count: int) -> list:
     count = max(1, min(count, (os.cpu_count() or 2) - 1, MAX_WORKERS))
     with _pool_lock:
         _pool[:] = [w for w in _pool if w.alive()]
-        if not _pool:
-            atexit.register(_close_all)
         while len(_pool) < count:
             _pool.append(_Worker())
         return _pool[:count]
 
 
+@atexit.register
 def _close_all() -> None:
     for worker in _pool:
         worker.close()

@@ -364,7 +364,7 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
     candidates = [tuple(c) for c in candidates]
     key = tuning_key(source, dtypes, device, frame)
     tile = _chosen.get(key)
-    if tile is not None:
+    if tile is not None and (tile != EAGER or EAGER in candidates):  # not EAGER to a caller without it
         return tile
     if not config.autotune or capturing or len(candidates) == 1:
         return candidates[0]
@@ -383,15 +383,13 @@ def _compile_all(candidates, run, device_index) -> int:
     compiled there), then launch each once from a thread of its own, which loads what the
     workers compiled (or compiles what they did not). Errors are left to the first launches
     in this thread, which record what fails."""
-    def on_device(tile):
-        return lambda: first_launch(tile)
-
     def first_launch(tile):
         with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
             run(tile)
 
     candidates = [tile for tile in candidates if tile != EAGER]  # nothing to compile
-    compiled = precompile.compile_all([on_device(tile) for tile in candidates]) if config.precompile else 0
+    compiled = (precompile.compile_all([functools.partial(first_launch, tile) for tile in candidates])
+                if config.precompile else 0)
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:
         for future in [pool.submit(first_launch, tile) for tile in candidates]:
             with contextlib.suppress(Exception):
