@@ -2,12 +2,12 @@
 documents, key padding and ALiBi, through ``fxflash.optimize`` on one GPU in one process, timed
 against the fastest spelling of the same mask (issue 44's acceptance: every spelling within 10 %).
 
-    PYTHONPATH=. python benchmarks/bench_spellings.py [--out results/spellings_<gpu>.csv]
+    PYTHONPATH=. python benchmarks/bench_spellings.py [--masks causal ...] [--out results/spellings_<gpu>_kept.csv]
 
 bf16, B = 4, H = 16, L = 4096, D = 64; window 256; 12 documents per sequence; left padding of
 i·L/8 tokens for batch row i. Time per call: triton's ``do_bench`` median (ms). Each row also says
-how many regions fused (fxflash's own report: 0 where the spelling runs unfused) and the largest
-difference from eager's output.
+how many regions fused (fxflash's own report: 0 where the spelling runs unfused), the largest
+difference from eager's output and the tile the tuner kept for it.
 """
 import argparse
 import csv
@@ -19,6 +19,7 @@ import torch
 from triton.testing import do_bench
 
 import fxflash
+from fxflash.runtime import tuning
 
 B, H, L, D, W, DOCS = 4, 16, 4096, 64, 256, 12
 NEG = float("-inf")
@@ -164,7 +165,7 @@ def main() -> None:
     parser.add_argument("--masks", nargs="*", default=list(MASKS))
     opts = parser.parse_args()
     gpu = torch.cuda.get_device_name().replace(" ", "_")
-    out = opts.out or os.path.join(os.path.dirname(__file__), "results", f"spellings_{gpu}.csv")
+    out = opts.out or os.path.join(os.path.dirname(__file__), "results", f"spellings_{gpu}_kept.csv")
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     rows = []
@@ -174,20 +175,27 @@ def main() -> None:
         for fn in MASKS[mask]:
             regions = sum(region.fused for region in fxflash.explain(fn, *args).regions)
             fast = fxflash.optimize(fn)
+            tuned = len(tuning.history)
             with torch.no_grad():
                 eager, out_ = fn(*args).float(), fast(*args).float()
+            # what the tuner kept for this spelling's kernel (spellings are tuned apart: their sources differ)
+            kept = "; ".join(tuning.describe(tuple(h["config"])) for h in tuning.history[tuned:]) or "untuned"
             ok = torch.isfinite(eager)
             err = (out_ - eager)[ok].abs().max().item()
-            timed[fn.__name__] = (do_bench(lambda: fast(*args), warmup=50, rep=300), regions, err)
+            timed[fn.__name__] = (do_bench(lambda: fast(*args), warmup=50, rep=300), regions, err, kept)
             del eager, out_
-        best = min(ms for ms, _, _ in timed.values())
-        for name, (ms, regions, err) in timed.items():
+        best = min(ms for ms, *_ in timed.values())
+        for name, (ms, regions, err, kept) in timed.items():
             rows.append(dict(date=datetime.date.today().isoformat(), gpu=gpu, mask=mask,
                              spelling=name, ms=round(ms, 4), vs_best=round(ms / best, 3), regions=regions,
-                             max_abs_diff_vs_eager=f"{err:.3g}"))
-            print(f"{mask:20} {name:28} {ms:7.3f} ms  {ms / best:5.2f}× best  regions {regions}  |diff| {err:.3g}",
-                  flush=True)
+                             max_abs_diff_vs_eager=f"{err:.3g}", kept=kept))
+            print(f"{mask:20} {name:28} {ms:7.3f} ms  {ms / best:5.2f}× best  regions {regions}  |diff| {err:.3g}"
+                  f"  kept: {kept}", flush=True)
     new = not os.path.exists(out)
+    if not new:
+        with open(out, newline="") as f:
+            if next(csv.reader(f), []) != list(rows[0]):
+                raise SystemExit(f"{out} has other columns; name another file with --out")
     with open(out, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         if new:
