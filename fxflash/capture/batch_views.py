@@ -8,10 +8,10 @@ contraction. An elementwise op commutes with a reshape of all its operands, so
     view(op(x, y), [B, H, *rest])  →  op(view(x, [B, H, *rest]), view(y, [B, H, *rest']))
 
 where the view splits only the first axis (``B·H → B, H``; the other axes unchanged), ``op`` is
-one of ELEMENTWISE or a cast of the dtype (``_elementwise``) whose only user is the view, and a contraction lies behind ``op`` through such
-ops. An operand of full rank with the whole first axis is viewed the same way, one with a first
-axis of one as ``[1, 1, …]``, one of lower rank (it broadcasts from the right) or a scalar is left
-as it is. Repeated until the view reaches an op
+one of ELEMENTWISE or a cast of the dtype (``_elementwise``) whose only user is the view, and a
+contraction lies behind ``op`` through such ops. An operand of full rank with the whole first axis
+is viewed the same way, one with a first axis of one as ``[1, 1, …]``, one of lower rank (it
+broadcasts from the right) or a scalar is left as it is. Repeated until the view reaches an op
 that is not elementwise (the contraction). The split sizes must be integers; one other axis may be
 symbolic (a decode step's key length: the view's ``-1``), compared without a guard.
 """
