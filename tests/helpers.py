@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fxflash.analysis import analyse
+from fxflash.tile import ir
 from fxflash.analysis.ops import packet
 from fxflash.capture import capture
 from fxflash.codegen.gluon import gluon_api
@@ -142,3 +143,59 @@ def assert_accurate(fn, args, out):
 # gluon_compile.py, triton_compile.py).
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
                 torch.int32: "i32", torch.bool: "i1"}
+
+
+def graph_values(gm, args) -> dict:
+    """Every node's value in the captured graph run on ``args``: what an Index op computes from the
+    tile's indices, here for the whole frame."""
+    values = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            values[n.name] = super().run_node(n)
+            return values[n.name]
+
+    Recorder(gm).run(*args)
+    return values
+
+
+def evaluate_tile_program(program: ir.TileProgram, tensors: dict, graph: dict) -> dict:
+    """Run ``program`` with one tile spanning every row and key (``tensors``: name → value, the
+    batch axes leading; ``graph``: the captured graph's values, for Index ops); returns every
+    value it named. Deferred row factors are left to Finish, as the kernel leaves them."""
+    env = dict(tensors)
+
+    def arg(a):
+        return env[a] if isinstance(a, str) and a in env else a
+
+    for op in program.ops():
+        if isinstance(op, ir.Index):
+            env[op.name] = graph[op.name]
+        elif isinstance(op, ir.Load):
+            t = tensors[op.tensor] if op.tensor in tensors else graph[op.tensor]
+            t = t.transpose(-1, -2) if op.transposed else t
+            for kind, c in op.scale:
+                t = t * c if kind == "mul" else t / c
+            env[op.name] = t.unsqueeze(-1) if op.tile == "row values" else t
+        elif isinstance(op, ir.Dot):
+            env[op.name] = env[op.a] @ env[op.b].transpose(-1, -2)
+        elif isinstance(op, ir.Map):
+            if op.form.startswith("row factors deferred"):
+                env[op.name] = env[op.args[0]]
+            elif op.op == "sum":
+                env[op.name] = env[op.args[0]].sum(op.args[1], keepdim=True)
+            else:
+                env[op.name] = getattr(aten, op.op)(*map(arg, op.args))
+        elif isinstance(op, ir.RowReduce):
+            env[op.name] = getattr(torch, "amax" if op.combine == "max" else op.combine)(env[op.source], -1, keepdim=True)
+        elif isinstance(op, ir.Accumulate):
+            p = env[op.p].transpose(-1, -2) if op.transposed else env[op.p]
+            env[op.acc] = env.get(op.acc, 0) + op.sign * (p @ env[op.v])
+        elif isinstance(op, ir.Finish):
+            value = env[op.acc]
+            for kind, row in op.factors:
+                value = value * env[row] if kind == "mul" else value / env[row]
+            env[op.name] = value
+        elif isinstance(op, ir.Store):
+            tensors[op.tensor] = env[op.value].squeeze(-1) if op.tile == "row values" else env[op.value]
+    return env

@@ -85,3 +85,33 @@ def test_a_mask_the_kernel_computes_is_lowered_as_its_ops_over_the_ids():
     loads = [op for op in region.tile_program.body if isinstance(op, ir.Load)]
     assert {op.tile for op in loads} == {"keys", "row values"}, loads  # K, V and the ids
     assert any(isinstance(op, ir.Map) and op.op == "eq" for op in region.tile_program.body)
+
+
+# Variants whose programs helpers.evaluate_tile_program runs: it reads each tensor by its own shape,
+# not through the operands' batch unravelling (GQA, [B, S, H, D] layouts), per-row id loads or streams.
+EVALUATED = ["vanilla", "scale_q_first", "manual_softmax", "einsum", "alibi", "softcap", "causal", "sliding_window",
+             "prefix_lm", "block_causal", "dilated_window", "neighbourhood_2d", "key_padding", "additive_mask",
+             "evoformer_col", "sigmoid_attention", "relu_attention", "retention_norm"]
+
+
+@pytest.mark.fusion_independent  # lowers the region itself, as the pipeline would
+@pytest.mark.parametrize("name", EVALUATED)
+def test_the_tile_program_computes_the_variant(name):
+    """Run with one tile spanning every row and key, a region's tile program gives the variant's
+    output: the program says what the kernel computes, online reductions and deferred factors
+    included."""
+    from fxflash.codegen.printers import PRINTERS
+    from fxflash.tile import lower
+    from helpers import analysed, evaluate_tile_program, graph_values, region_and_kinds
+
+    variant = VARIANTS[name]
+    inputs = variant.inputs(SHAPE)
+    region, kinds = region_and_kinds(variant.fn, *inputs)
+    captured, _ = analysed(variant.fn, *inputs)
+    names = [n.name for n in captured.graph_module.graph.nodes if n.op == "placeholder"]
+    tensors = dict(zip(names, (a.double() if a.is_floating_point() else a for a in inputs)))
+    evaluate_tile_program(lower(region, kinds, PRINTERS), tensors, graph_values(captured.graph_module, inputs))
+    expected = variant.fn(*(a.double() if a.is_floating_point() else a for a in inputs))
+    # fp64, but for values the graph computes outside the program (Index ops, a bias), taken from its fp32 run
+    torch.testing.assert_close(tensors[region.output.name].reshape(expected.shape), expected, equal_nan=True,
+                               rtol=1e-5, atol=1e-6)
