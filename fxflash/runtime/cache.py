@@ -18,10 +18,8 @@ tuned again in each process. No pickle is used anywhere.
 from __future__ import annotations
 
 import hashlib
-import linecache
 import os
 import stat
-import sys
 import tempfile
 import threading
 import types
@@ -31,6 +29,7 @@ import torch
 import triton
 
 from ..config import config
+from .compile_worker import execute
 
 _lock = threading.Lock()
 _modules: dict = {}
@@ -107,12 +106,6 @@ def source_of(module_name: str) -> str | None:
 
 
 def _module_of(source: str, key: str) -> types.ModuleType:
-    filename = f"<fxflash kernel k_{key}>"
-    lines = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)  # no mtime: never checked on disk
-    module = types.ModuleType(f"fxflash_kernels.k_{key}")
-    module.__file__ = filename
-    sys.modules[module.__name__] = module  # inspect finds a function's module here
-    _sources[module.__name__] = source
-    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
-    return module
+    name = f"fxflash_kernels.k_{key}"
+    _sources[name] = source
+    return execute(source, name, f"<fxflash kernel k_{key}>")

@@ -14,16 +14,22 @@ import types
 ANSWER = "fxflash-precompile: "
 
 
+def execute(source: str, module_name: str, filename: str) -> types.ModuleType:
+    """``source`` executed as a fresh module named ``module_name``, its lines held by linecache under
+    ``filename`` (not a path: never looked up on disk), where Triton reads a kernel's source; the
+    module is registered in ``sys.modules``, where ``inspect`` finds a function's module. The one
+    way fxflash loads a kernel (runtime/cache.py), here as in a worker."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)  # no mtime
+    module = types.ModuleType(module_name)
+    module.__file__ = filename
+    sys.modules[module_name] = module
+    exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+    return module
+
+
 def load(source: str, module_name: str, filename: str, name: str):
-    """The kernel ``name`` of ``source``, executed as runtime/cache.py executes it: a module of
-    that name and file name, whose lines linecache holds (Triton reads a kernel's source there)."""
-    module = sys.modules.get(module_name)
-    if module is None:
-        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-        module = types.ModuleType(module_name)
-        module.__file__ = filename
-        sys.modules[module_name] = module
-        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+    """The kernel ``name`` of ``source``, executed as runtime/cache.py executes it (``execute``)."""
+    module = sys.modules.get(module_name) or execute(source, module_name, filename)
     return getattr(module, name)
 
 
