@@ -54,7 +54,8 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
                           + (", on a persistent grid on shorter rows" if plan.gluon.dense else ""))
         report.steps = [step.text for step in region.steps] + [
             f"block sparsity: {why}" for why in plan.unclassified] + [*_own_ops_line(plan), gluon_line]
-        report.backward, report.backward_refusal = _backward(region, analysis.kinds)
+        report.backward = plan.backward_note
+        report.backward_programs = plan.backward.programs if plan.backward is not None else ()
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]
@@ -62,18 +63,20 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
     return report
 
 
-def _backward(region, kinds) -> tuple:
-    """(the region's backward tile programs, "") or ((), why not): for explain() only, so an
-    error here is reported there and never stops the forward."""
+def _backward(region, kinds, plan):
+    """The region's fused backward (codegen/backward.py), or None and why not. An error here is
+    reported by explain() and never stops the forward: the backward then recomputes the region."""
+    from .codegen import Unprintable
+    from .codegen.backward import emit_backward
     from .codegen.printers import PRINTERS
-    from .tile.backward import BackwardRefused, lower_backward
+    from .tile.backward import BackwardRefused
 
     try:
-        return lower_backward(region, kinds, PRINTERS), ""
-    except BackwardRefused as exc:
-        return (), str(exc)
+        return emit_backward(region, kinds, plan, PRINTERS), "fused"
+    except (BackwardRefused, Unprintable) as exc:
+        return None, f"eager recompute: {exc}"
     except Exception as exc:  # noqa: BLE001 - see the docstring
-        return (), f"internal error ({type(exc).__name__}: {exc})"
+        return None, f"eager recompute: internal error ({type(exc).__name__}: {exc})"
 
 
 def _own_ops_line(plan) -> list[str]:
@@ -194,6 +197,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
                     program = lower(region, analysis.kinds, PRINTERS)
                     plan = emit_kernel(region, analysis.kinds, options=options)
                     gluon.attach(plan, region, analysis.kinds)
+                    plan.backward, plan.backward_note = _backward(region, analysis.kinds, plan)
                 with internal.stage("rewrite", FusionRefused):  # refused, if at all, before compiling
                     at = placement(rewritten, region, plan, node_map)
                 with internal.stage("kernel compilation"):

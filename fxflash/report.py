@@ -37,9 +37,9 @@ class RegionReport:
     dims:      when fused, the RegionDims: ids of the row, demoted and eliminated dimensions.
     origin:    when fused from a call of ``scaled_dot_product_attention``, that call's name.
     tile_program: when fused, the kernel as tile operations (fxflash.tile.TileProgram).
-    backward:  when fused, the region's backward as tile programs (Δ; dK and dV; dQ:
-               fxflash.tile.backward), the form a fused backward is generated from; not yet
-               run (the backward recomputes the region eagerly). ``backward_refusal``: why not.
+    backward:  when fused, how its backward runs: ``"fused"`` (generated kernels, from the tile
+               programs in ``backward_programs``: L; Δ; dK and dV; dQ, fxflash.tile.backward) or
+               ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 
     nodes: list
@@ -58,8 +58,8 @@ class RegionReport:
     dims: RegionDims | None = None
     origin: str = ""
     tile_program: TileProgram | None = None
-    backward: tuple = ()
-    backward_refusal: str = ""
+    backward: str = ""
+    backward_programs: tuple = ()
 
     @property
     def demoted(self) -> str:
@@ -90,11 +90,11 @@ class RegionReport:
             lines.append(textwrap.indent(f"{i}. {step}", "  "))
         if self.tile_program is not None:
             lines.append(textwrap.indent(str(self.tile_program), "  "))
-        if self.backward:
-            lines.append(f"  backward: {len(self.backward)} tile programs (.backward: "
-                         + ", ".join(p.name for p in self.backward) + ")")
-        elif self.backward_refusal:
-            lines.append(f"  backward: not expressed as tile programs ({self.backward_refusal})")
+        if self.backward_programs:
+            lines.append(f"  backward: fused, {len(self.backward_programs)} kernels from tile programs "
+                         "(.backward_programs: " + ", ".join(p.name for p in self.backward_programs) + ")")
+        elif self.backward:
+            lines.append(f"  backward: {self.backward}")
         lines.append("  nodes:")
         for name in self.nodes:
             lines.append(f"    {name:<24} {self.sketches.get(name, '')}")

@@ -49,15 +49,15 @@ def test_explain_shows_each_region_s_backward_or_why_not():
     forward's tile masks skip); a refusal naming the reason for one outside that form."""
     variant = VARIANTS["causal"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
-    delta, dkdv, dq = region.backward
+    delta, dkdv, dq = region.backward_programs[1:]
     assert (delta.loop, dkdv.per, dkdv.loop, dq.per, dq.loop) == ("", "key", "row", "row", "key")
     assert [op.unit for op in dkdv.skips] == ["row"] and [op.unit for op in dq.skips] == ["key"]
     assert [op.transposed for op in dkdv.body if isinstance(op, ir.Accumulate)] == [True, True]
-    assert "backward: 3 tile programs" in str(region)
+    assert "backward: fused, 4 kernels" in str(region)
     variant = VARIANTS["sigmoid_attention"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
-    assert not region.backward and "softmax" in region.backward_refusal
-    assert "backward: not expressed as tile programs" in str(region)
+    assert not region.backward_programs and "softmax" in region.backward
+    assert "backward: eager recompute" in str(region)
 
 
 @pytest.mark.fusion_independent

@@ -5,7 +5,7 @@ attention, 4 × 4096, bf16, unpadded) through ``torch.compile(backend="fxflash")
         PYTHONPATH=. python benchmarks/probes/probe_first_call.py
 
 Prints the first call's seconds, fxflash's stages (the report's ``seconds``) and the tuner's
-seconds per region (``tuning.history``); the rest is Dynamo, Inductor and kernel loading. Point
+seconds per region (``tuning.history``) and Inductor's cache counters; the rest is Dynamo, Inductor and kernel loading. Point
 the cache variables at empty directories for a cold call.
 """
 import argparse
@@ -29,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compiler", choices=["fxflash", "inductor"], default="fxflash")
     parser.add_argument("--profile", type=int, default=0)
+    parser.add_argument("--phases", action="store_true", help="print Dynamo's compile_times()")
     options = parser.parse_args()
     compiler = options.compiler
     args = argparse.Namespace(layers=16, batch=4, seq=4096)
@@ -54,6 +55,11 @@ def main() -> None:
              if not h["from_disk"] else "from disk" for h in tuning.history]
     print(f"{compiler}: first call {total:.1f} s; fxflash stages", {k: round(v, 2) for k, v in stages.items()},
           "; tuning", tuned)
+    from torch._dynamo.utils import counters
+
+    print("inductor counters", {k: v for k, v in counters["inductor"].items() if "cache" in k})
+    if options.phases:
+        print(torch._dynamo.utils.compile_times(repr="str"))
     if profile:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(options.profile)
 

@@ -99,6 +99,8 @@ class KernelPlan:
     options: KernelOptions | None = None  # the settings it was printed with
     sym_nodes: tuple = ()    # symbolic integers it reads at run time (("symint", j) args): the op's
                              # last sizes, in this order
+    backward: object = None  # codegen.backward.BackwardPlan: the region's fused backward, or None
+    backward_note: str = ""  # "fused", or "eager recompute: <why>" (explain())
 
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
@@ -1340,18 +1342,7 @@ class _Printer:
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
                                                ("SAT_STREAMS: tl.constexpr", "REPAIR_SCAN: tl.constexpr"))]
-        helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
-        called = {name for name in helpers if any(f"{name}(" in line for line in functions)}
-        called |= {callee for name in called for callee in HELPER_CALLS.get(name, ())}
-        used = [src for name, src in helpers.items() if name in called]
-        return "\n".join([
-            "import triton",
-            "import triton.language as tl",
-            *(["from triton.language.extra import libdevice"] if not interpreting() else []),
-            *used,
-            *functions,
-            "",
-        ])
+        return module_source(functions)
 
     def repair_body(self) -> list[str]:
         """The repair kernel's body: a grid of a few programs per multiprocessor scans the row
@@ -1385,6 +1376,22 @@ class _Printer:
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
+
+
+def module_source(functions: list[str]) -> str:
+    """A kernel module: the imports, the helper functions ``functions`` call, and ``functions``."""
+    helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
+    called = {name for name in helpers if any(f"{name}(" in line for line in functions)}
+    called |= {callee for name in called for callee in HELPER_CALLS.get(name, ())}
+    used = [src for name, src in helpers.items() if name in called]
+    return "\n".join([
+        "import triton",
+        "import triton.language as tl",
+        *(["from triton.language.extra import libdevice"] if not interpreting() else []),
+        *used,
+        *functions,
+        "",
+    ])
 
 
 def _literal_value(code: str):

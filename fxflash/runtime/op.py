@@ -7,8 +7,9 @@ under ``dynamic=True``), then those the kernel reads at run time (``KernelPlan.s
 returns ``[result, *row values]``: the result is a new tensor, contiguous or in eager's
 layout of the region's last op; the row values (a logsumexp returned by the user's code)
 are contiguous. Its fake implementation gives the shape and
-dtype without running anything. Its autograd formula recomputes the region's own subgraph
-with eager autograd (no fused backward yet), so training through a fused region is exact.
+dtype without running anything. Its autograd formula runs the region's fused backward
+(``fxflash::region_backward``, runtime/backward.py) where it has one and only Q, K and V ask for
+gradients; otherwise it recomputes the region's own subgraph with eager autograd.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class RegisteredRegion:
     reference: fx.GraphModule  # (inputs, extras) → the region's outputs: the replaced ops
     out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
+    backward: object = None    # codegen.backward.BackwardPlan: the fused backward, or None (eager recomputation)
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
 
@@ -123,18 +125,46 @@ def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) 
     return registered(key).run(inputs, sizes, scalars, views)
 
 
+@torch.library.custom_op("fxflash::region_backward", mutates_args=())
+def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, grad: torch.Tensor,
+                    sizes: list[int], scalars: list[float]) -> list[torch.Tensor]:
+    """The fused backward of region ``key`` (runtime/backward.py): the gradients of the inputs it
+    reads as Q, K and V (``BackwardPlan.inputs``), shaped as those inputs."""
+    from .backward import run_backward
+
+    entry = registered(key)
+    symints = tuple(sizes[len(sizes) - len(entry.plan.sym_nodes):]) if entry.plan.sym_nodes else ()
+    return run_backward(entry, inputs, out, grad, entry.split(sizes)[0], entry.extras(sizes, scalars), symints)
+
+
+@region_backward.register_fake
+def _region_backward_fake(key, inputs, out, grad, sizes, scalars):
+    return [inputs[i].new_empty(inputs[i].shape) for i in registered(key).backward.inputs]
+
+
 def _setup_context(ctx, inputs, output):
     key, tensors, sizes, scalars = inputs
     ctx.key = key
+    ctx.sizes, ctx.scalars = sizes, scalars
     ctx.extra = registered(key).extras(sizes, scalars)
     # the gradient of ``scalars`` must have its structure: an empty list stays a list
     ctx.no_scalars = [] if not scalars else None
     ctx.needs = [t.requires_grad for t in tensors]
-    ctx.save_for_backward(*tensors)
+    ctx.save_for_backward(*tensors, output[0])
 
 
 def _backward(ctx, grads_out):
-    tensors = ctx.saved_tensors
+    from .backward import fused_backward_applies
+
+    *tensors, out = ctx.saved_tensors
+    entry = registered(ctx.key)
+    if grads_out[0] is not None and all(g is None for g in grads_out[1:]) \
+            and fused_backward_applies(entry, tensors, ctx.needs):
+        grads = [None] * len(tensors)
+        for i, g in zip(entry.backward.inputs, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes,
+                                                                ctx.scalars)):
+            grads[i] = g if ctx.needs[i] else None
+        return None, grads, None, ctx.no_scalars
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, ctx.needs)]
         outs = registered(ctx.key).reference(*leaves, *ctx.extra)

@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from ..analysis.ops import packet
 from ..patterns.region import Region
-from .ir import Accumulate, Dot, Load, Map, SkipIf, Store, TileProgram
+from .ir import Accumulate, Dot, Load, Map, RowReduce, SkipIf, Store, TileProgram
 from .lower import _Lowering, _op_name, _size
 
 aten = torch.ops.aten
@@ -130,7 +130,11 @@ def _softmax(r: Region) -> tuple:
     if more or sign != 1 or [(f.op, f.row) for f in form.factors] != [("div", sums[0].node)]:
         raise BackwardRefused(f"{p.name}: P·V with P other than the softmax's exp / sum")
     e = sums[0].source
-    if packet(e.target) is not aten.exp or p.args[0] is not e or packet(e.args[0].target) is not aten.sub:
+    while packet(p.target) is aten._to_copy:   # P rounded to V's dtype (a 16-bit softmax): its
+        p = p.args[0]                          # gradient passes the cast unchanged
+    if packet(p.target) is aten.div and p.args[1] is sums[0].node:
+        p = p.args[0]
+    if packet(e.target) is not aten.exp or p is not e and p.args[0] is not e or packet(e.args[0].target) is not aten.sub:
         raise BackwardRefused(f"{e.name}: a softmax other than exp(x − max) / sum")
     x, m = e.args[0].args[:2]
     if m is not maxes[0].node or maxes[0].source is not x:
@@ -185,6 +189,29 @@ def _scaled(name: str, operand, acc: str) -> list:
     return ops or [Map(name, "alias", (acc,), "row")]
 
 
+def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> TileProgram:
+    """The row statistic ``L = m + log l`` of ``softmax(x)``, per row tile over the key tiles: the
+    forward's score chain and online softmax without P·V (the backward's first program, while the
+    forward kernel does not store L itself)."""
+    r = region
+    _, _, x = _softmax(r)
+    lowering = _Lowering(r, kinds, printable)
+    body = [lowering._operand("k", r.k, "keys", r.D, key_side=True), Dot(r.frame.name, "q", "k")]
+    lowering.bound.add(r.frame)
+    for node in _chain(r, x):
+        body += lowering._inputs(node, "scores")
+        body.append(Map(node.name, _op_name(node), lowering._args(node)))
+        lowering.bound.add(node)
+    body += [RowReduce("m", "max", x.name), Map("x_minus_m", "sub", (x.name, "m"), "against the running m"),
+             Map("e", "exp", ("x_minus_m",), "against the running m"), RowReduce("l", "sum", "e", "m")]
+    frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
+    return TileProgram(
+        f"{name}_bwd_lse", frame, (lowering._operand("q", r.q, "rows", r.D),),
+        tuple(SkipIf(m.condition.name, m.masked_when) for m in r.tile_masks), tuple(body),
+        (Map("log_l", "log", ("l",), "row"), Map("lse", "add", ("m", "log_l"), "row")),
+        (Store("lse", "lse", "row values"),))
+
+
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
     """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring)."""
     r = region
@@ -218,10 +245,10 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
         f"{name}_bwd_dkdv", frame,
         (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
         tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in r.tile_masks),
-        (*rows, *recompute(kv), Accumulate("dv", "p", "do", transposed=True), Dot("dp", "do", "v"),
+        (*rows, *recompute(kv), Accumulate("dv_acc", "p", "do", transposed=True), Dot("dp", "do", "v"),
          *gradient_of_x(), *derivative, Accumulate("dk_acc", "ds", "q", transposed=True)),
-        tuple(_scaled("dk", r.k, "dk_acc")), (Store("dk", f"d{r.k.node.name}", "keys"),
-                                              Store("dv", f"d{r.v.node.name}", "keys")),
+        (*_scaled("dk", r.k, "dk_acc"), *_scaled("dv", r.v, "dv_acc")),
+        (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
         per="key", loop="row")
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(

@@ -1,0 +1,361 @@
+"""The backward kernels of a fused region, printed from its backward tile programs.
+
+``emit_backward`` prints one Triton module of four kernels, each from one tile program of
+``tile/backward.py``: the row statistic ``L`` (``lower_statistics``: the forward kernel does not
+store it), Δ, dK and dV per key tile, and dQ per row tile. The printer walks each program's
+operations in order and prints them from a table (``_MAPS``); the values of the score chain
+(its loads, index expressions and elementwise ops, named by the region's FX nodes) are printed
+by the forward's value printer (``emit._Printer``), so a bias, a mask or a softcap is recomputed
+exactly as the forward computes it, from the same inputs.
+
+Layout: the operands Q, K, V and the score chain's inputs are read at their own strides, as in
+the forward; O, dO, L and Δ are contiguous ``[B·H, M, …]`` tensors the launch makes; dQ, dK and dV
+are written to contiguous fp32 tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
+heads are summed by the backward of the user's own expand). No atomics: the programs are
+deterministic. Every key tile is visited (tile skipping in the backward is not printed yet).
+
+Raises BackwardRefused where a program holds what the printer does not print, so the region's
+backward recomputes it eagerly; the reason is reported by ``explain()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from ..tile import ir
+from ..tile.backward import BackwardRefused, lower_backward, lower_statistics
+from .emit import (COL, EXACT_FORMS, FLT_MAX, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed, _scaled,
+                   module_source)
+from .printers import literal
+
+# The logical shape of each named tile of the backward programs: "rows" [BM, ·], "keys" [BN, ·],
+# "scores" [BM, BN]; each program's own tensors, by the value name its programs use.
+_OWN = {  # name → (kernel parameter, tile rows, columns, stored dtype is fp32)
+    "lse": ("lse_ptr", "rows", None), "delta": ("delta_ptr", "rows", None),
+    "do": ("do_ptr", "rows", "DV"), "o": ("o_ptr", "rows", "DV"),
+    "dq": ("dq_ptr", "rows", "D"), "dk": ("dk_ptr", "keys", "D"), "dv": ("dv_ptr", "keys", "DV"),
+}
+
+# Elementwise ops of the backward programs on printed values: op → Triton format.
+_MAPS = {
+    "alias": "{0}", "neg": "(-{0})", "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+    "div": "({0} / {1})", "exp": "tl.exp({0})", "log": "tl.log({0})",
+    "where": "tl.where({0}, {1}, {2})",
+    "tanh_backward": "({0} * (1.0 - {1} * {1}))",       # ATen's: d tanh = g·(1 − y²)
+    "sigmoid_backward": "({0} * {1} * (1.0 - {1}))",   # d sigmoid = g·y·(1 − y)
+}
+
+aten = torch.ops.aten
+_VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+          aten.clone.default, aten.alias.default}
+
+# Tiles (BLOCK_M, BLOCK_N, warps, stages) of the four kernels, by the larger head dim; the
+# interpreter's smallest dot is 16 wide.
+BACKWARD_TILES = {64: (64, 64, 4, 2), 128: (64, 64, 8, 2), 256: (32, 32, 8, 1)}
+INTERPRETER_TILE = (16, 16, 1, 1)
+
+
+@dataclasses.dataclass
+class BackwardKernel:
+    """One kernel of the module: its name, the tile its programs own ("row" | "key"), the
+    program's own tensors it reads or writes (``_OWN`` names, in parameter order), and where
+    the rest of its parameters come from (KernelPlan.args specs, indexed like the forward's)."""
+
+    name: str
+    per: str
+    own: tuple
+    args: list
+
+
+@dataclasses.dataclass
+class BackwardPlan:
+    """A region's backward: the module's source, its kernels in launch order, which of the
+    forward's inputs Q, K and V are (with how each is read), and the tile programs printed."""
+
+    source: str
+    kernels: tuple
+    q: tuple          # (input index, whether it holds [*, D, M] rather than [*, M, D], batch rank) of Q
+    k: tuple
+    v: tuple
+    inputs: tuple     # the input indices of Q, K and V, each once (the gradients the backward returns)
+    d: int
+    dv: int
+    index_bound: tuple
+    programs: tuple
+
+
+class _ValuePrinter(_Printer):
+    """The forward's value printer, placing every value it prints in the section being printed
+    (``target``) rather than choosing by what the value varies along: in a program per key tile
+    the rows vary inside the loop."""
+
+    target: list
+
+    def place(self, code: str, varies_n: bool, prefix="t") -> Value:
+        name = self.tmp(prefix)
+        self.target.append(f"{name} = {code}")
+        return Value(name, varies_n)
+
+
+class _Kernel:
+    """Prints one tile program as one ``@triton.jit`` function."""
+
+    def __init__(self, region, kinds, options, program: ir.TileProgram):
+        self.r, self.program = region, program
+        self.vp = _ValuePrinter(region, program.name, dataclasses.replace(options, **EXACT_FORMS))
+        self.vp.begin(kinds)
+        self.nodes = {n.name: n for n in region.frame.graph.nodes}
+        self.chain = {n.name for n in region.nodes} | {region.frame.name}
+        self.values: dict = {}   # IR name → (code, dtype of the tile: a torch dtype, or None for fp32)
+        self.transposed: set = set()  # names whose variable holds the tile's transpose
+        self.own: list = []
+        self.operands = {region.q.node.name: region.q, region.k.node.name: region.k,
+                         region.v.node.name: region.v}
+
+    # -- values --------------------------------------------------------------------------
+    def ref(self, a) -> str:
+        if not isinstance(a, str):
+            return literal(a)
+        if a in self.values:
+            return self.values[a][0]
+        node = self.nodes.get(a)
+        if node is None:
+            raise BackwardRefused(f"{self.program.name}: the value {a} is not printed")
+        return self.vp.arg(node, self.vp.frame_idx).code
+
+    def own_param(self, name: str) -> str:
+        if name not in self.own:
+            self.own.append(name)
+        return _OWN[name][0]
+
+    # -- operations ----------------------------------------------------------------------
+    def load(self, op: ir.Load, out: list) -> None:
+        vp = self.vp
+        if op.name in _OWN:
+            ptr, _, cols = _OWN[op.name]
+            ptr = self.own_param(op.name)
+            if cols is None:   # a row value, [BM, 1]
+                out.append(f"{op.name} = tl.load({ptr} + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)")
+                self.values[op.name] = (op.name, None)
+            else:
+                out.append(f"{op.name} = tl.load({ptr} + (lin.to(tl.int64) * M + {ROW}) * {cols} + offs_dv[None, :], "
+                           f"mask=({ROW} < M) & (offs_dv[None, :] < {cols}), other=0.0)")
+                self.values[op.name] = (op.name, self.out_dtype)
+            return
+        operand = self.operands.get(op.tensor)
+        if operand is None:
+            return  # a score-chain input: printed where a value reads it (the value printer)
+        rows = ROW if op.tile == "rows" else "offs_n[:, None]"
+        if op.name in ("k",):    # Kᵀ [D, BN], as the forward reads it
+            (ptr,), mask = vp.operand("k", operand, "offs_d[:, None]", COL, "offs_d[:, None] < D", "col_ok")
+            self.transposed.add("k")
+        elif op.name == "q":
+            (ptr,), mask = vp.operand("q", operand, ROW, "offs_d[None, :]", f"{ROW} < M", "offs_d[None, :] < D")
+        else:                    # V [BN, Dv]
+            (ptr,), mask = vp.operand("v", operand, rows, "offs_dv[None, :]", "offs_n[:, None] < N",
+                                      "offs_dv[None, :] < DV")
+        out.append(f"{op.name} = tl.load({ptr}, mask={mask}, other=0.0)")
+        out.extend(_scaled(op.name, operand))
+        self.values[op.name] = (op.name, operand.node.meta["val"].dtype)
+
+    def tile(self, name: str, transpose: bool) -> tuple[str, object]:
+        """The variable of tile ``name`` as its logical tile (or its transpose), and its dtype."""
+        code, dtype = self.values[name]
+        if (name in self.transposed) != transpose:
+            code = f"tl.trans({code})"
+        return code, dtype
+
+    def dot(self, a: tuple, b: tuple, acc: str = "") -> str:
+        """``a · b`` of two printed tiles: a value computed in fp32 (P, dS: dtype None) is rounded
+        to the other operand's dtype, as FlashAttention's backward does."""
+        (ca, da), (cb, db) = a, b
+        dtype = da or db or torch.float32
+        ca = ca if da is dtype else f"{ca}.to({_tl(dtype)})"
+        cb = cb if db is dtype else f"{cb}.to({_tl(dtype)})"
+        return _dot(ca, cb, dtype, acc)
+
+    def op(self, op, out: list) -> None:
+        vp = self.vp
+        vp.target = out
+        if isinstance(op, ir.Load):
+            self.load(op, out)
+        elif isinstance(op, ir.Index):
+            return  # printed where a value reads it
+        elif isinstance(op, ir.Dot):   # name = a · bᵀ
+            out.append(f"{op.name} = {self.dot(self.tile(op.a, False), self.tile(op.b, True))}")
+            self.values[op.name] = (op.name, None)
+            if op.name == self.r.frame.name:
+                vp.vars[self.r.frame] = Value(op.name, True)
+        elif isinstance(op, ir.Map) and op.name in self.chain and op.name in self.nodes:
+            node = self.nodes[op.name]
+            if node.target in _VIEWS and node.args[0] in vp.vars:   # a view in the score frame
+                vp.vars[node] = vp.vars[node.args[0]]
+            else:
+                vp.vars[node] = vp.apply(node, [vp.arg(a, vp.node_idx(node)) for a in node.args])
+            self.values[op.name] = (vp.vars[node].code, None)
+        elif isinstance(op, ir.Map) and op.name in self.nodes and self.nodes[op.name].op == "call_function":
+            return  # a value from outside the region that the kernel computes: printed where read
+        elif isinstance(op, ir.Map):
+            self.map(op, out)
+        elif isinstance(op, ir.RowReduce):
+            self.row_reduce(op, out)
+        elif isinstance(op, ir.Accumulate):
+            p = self.tile(op.p, op.transposed)
+            out.append(f"{op.acc} = {self.dot(p, self.tile(op.v, False), op.acc)}")
+            self.values[op.acc] = (op.acc, None)
+        elif isinstance(op, ir.SkipIf):
+            return  # every tile is visited (module docstring)
+        elif isinstance(op, ir.Store):
+            self.store(op, out)
+        else:
+            raise BackwardRefused(f"{self.program.name}: {type(op).__name__} is not printed")
+
+    def map(self, op: ir.Map, out: list) -> None:
+        if op.op == "sum" and len(op.args) == 2 and op.args[1] == -1:   # a row sum, [BM, 1]
+            code = f"tl.sum({self.ref(op.args[0])}, 1)[:, None]"
+        elif op.op in _MAPS:
+            code = _MAPS[op.op].format(*(self.ref(a) for a in op.args))
+        else:
+            raise BackwardRefused(f"{self.program.name}: no printer for the backward op {op.op}")
+        if op.name in ("p", "ds"):   # rows and keys outside the frame hold no probability
+            code = f"tl.where(valid, {code}, 0.0)"
+        out.append(f"{op.name} = {code}")
+        self.values[op.name] = (op.name, None)
+
+    def row_reduce(self, op: ir.RowReduce, out: list) -> None:
+        """The statistics program's online max and sum (``e`` is printed against the running
+        maximum, clamped so that a row that has seen only -inf subtracts a finite value)."""
+        if op.combine == "max":
+            x = self.ref(op.source)
+            out += [f"xs = tl.where(valid, {x}, float('-inf'))",
+                    f"new_m = tl.maximum(m, tl.max(xs, 1)[:, None])",
+                    f"mg = tl.maximum(new_m, {-FLT_MAX!r})", "alpha = tl.exp(m - mg)", "m = new_m"]
+            self.values["m"] = ("mg", None)
+        elif op.combine == "sum" and op.rescaled_by == "m":
+            out.append(f"l = l * alpha + tl.sum(tl.where(valid, {self.ref(op.source)}, 0.0), 1)[:, None]")
+            self.values["l"] = ("l", None)
+        else:
+            raise BackwardRefused(f"{self.program.name}: the row reduction {op}")
+
+    def store(self, op: ir.Store, out: list) -> None:
+        ptr, tile, cols = _OWN[op.value]
+        ptr = self.own_param(op.value)
+        value = self.ref(op.value)
+        if cols is None:
+            out.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, {value}, mask={ROW} < M)")
+            return
+        rows, size = (ROW, "M") if tile == "rows" else ("offs_n[:, None]", "N")
+        offs = "offs_d" if cols == "D" else "offs_dv"
+        out.append(f"tl.store({ptr} + (lin.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :], {value}, "
+                   f"mask=({rows} < {size}) & ({offs}[None, :] < {cols}))")
+
+    # -- the function --------------------------------------------------------------------
+    def print(self, out_dtype) -> BackwardKernel:
+        prog, vp = self.program, self.vp
+        self.out_dtype = out_dtype
+        fb = len(vp.frame_shape) - 2
+        tiles, size, index = ("n_mt", "M", "mt") if prog.per == "row" else ("n_nt", "N", "nt")
+        block = "BLOCK_M" if prog.per == "row" else "BLOCK_N"
+        head = ["pid = tl.program_id(0)", f"{tiles} = tl.cdiv({size}, {block})", f"{index} = pid % {tiles}",
+                f"lin = pid // {tiles}", "rest = lin"]
+        for i in reversed(range(fb)):
+            head += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
+        head += ["offs_d = tl.arange(0, DP)", "offs_dv = tl.arange(0, DVP)"]
+        if prog.per == "row":
+            head += ["offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)", f"{ROW} = offs_m[:, None]"]
+        else:
+            head += ["offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
+                     f"col_ok = {COL} < N"]
+        pre: list = []
+        if any(isinstance(op, ir.RowReduce) for op in prog.body):
+            pre += ["m = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)", "l = tl.zeros([BLOCK_M, 1], tl.float32)"]
+        for op in prog.body:
+            if isinstance(op, ir.Accumulate):
+                rows = "BLOCK_N" if op.transposed else "BLOCK_M"
+                cols = "DVP" if op.v in ("do", "o") else "DP"
+                pre.append(f"{op.acc} = tl.zeros([{rows}, {cols}], tl.float32)")
+        for op in prog.prologue:
+            self.op(op, pre)
+        loop: list = []
+        if prog.loop == "key":
+            loop += ["offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]", f"col_ok = {COL} < N",
+                     f"valid = ({ROW} < M) & col_ok"]
+        elif prog.loop == "row":
+            loop += ["offs_m = start_m + tl.arange(0, BLOCK_M)", f"{ROW} = offs_m[:, None]",
+                     f"valid = ({ROW} < M) & col_ok"]
+        for op in (*prog.skips, *prog.body):
+            self.op(op, loop)
+        post: list = []
+        if prog.loop == "key" and "m" in self.values:
+            self.values["m"] = ("m", None)   # the finished maximum
+        for op in (*prog.epilogue, *prog.stores):
+            self.op(op, post)
+        body = head + vp.pre + pre
+        if prog.loop:
+            start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
+            body.append(f"for {start} in range(0, {stop}, {step}):")
+            body += ["    " + line for line in loop]
+        else:
+            body += loop
+        body += post
+        params = [*(_OWN[name][0] for name in self.own), *vp.params, "BLOCK_M: tl.constexpr",
+                  "BLOCK_N: tl.constexpr", "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr",
+                  "DVP: tl.constexpr"]
+        self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
+        return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args))
+
+
+def _tl(dtype) -> str:
+    from .printers import TRITON_DTYPES
+
+    return TRITON_DTYPES[dtype]
+
+
+def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = "fxflash_region") -> BackwardPlan:
+    """The backward kernels of ``region`` (whose forward kernel is ``plan``), printed from its
+    statistics and backward tile programs. Raises BackwardRefused (or Unprintable) where they
+    cannot be printed, or read a tensor or size the forward's op does not pass."""
+    r = region
+    if r.q.widened or r.k.widened:
+        raise BackwardRefused("Q and K widened to fp32 before the contraction")
+    programs = (lower_statistics(r, kinds, printable, name), *lower_backward(r, kinds, printable, name))
+    options = plan.options
+    kernels, lines, bound = [], [], (0, 0)
+    out_dtype = r.output.meta["val"].dtype
+    for program in programs:
+        printer = _Kernel(r, kinds, options, program)
+        kernel = printer.print(out_dtype)
+        vp = printer.vp
+        if not (all(n in plan.input_nodes for n in vp.inputs) and all(n in plan.sym_nodes for n in vp.sym_nodes)):
+            raise BackwardRefused("the backward reads a tensor or size the forward's kernel does not")
+        kernel.args = [_reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
+                       for spec in kernel.args]
+        if any(spec[0] not in ("ptr", "stride", "size", "frame", "symint") for spec in kernel.args):
+            raise BackwardRefused("the backward's score chain reads per-tile summaries")
+        bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
+        kernels.append(kernel)
+        lines += printer.lines + [""]
+    source = module_source(lines)
+
+    def where(operand, holds_transpose: bool) -> tuple:
+        return (plan.input_nodes.index(operand.node), holds_transpose, operand.batch_rank)
+
+    # the key-side operand of the scores is Kᵀ: its ``transposed`` means its tensor holds K [*, N, D]
+    q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
+    inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
+    return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs)
+
+
+def backward_tile(d: int, dv: int, interpreted: bool) -> tuple:
+    if interpreted:
+        return INTERPRETER_TILE
+    width = max(_pow2(d), _pow2(dv))
+    for limit, tile in sorted(BACKWARD_TILES.items()):
+        if width <= limit:
+            return tile
+    raise BackwardRefused(f"head dim {width} is wider than the backward's tiles")
+
+
+__all__ = ["BackwardKernel", "BackwardPlan", "emit_backward", "backward_tile"]

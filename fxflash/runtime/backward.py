@@ -1,0 +1,106 @@
+"""Launching a region's fused backward (codegen/backward.py): L, Δ, dK and dV, dQ.
+
+``run_backward`` takes the forward op's inputs, its result O and the incoming gradient dO, and
+returns the gradients of the tensors the kernel reads as Q, K and V, shaped as those inputs.
+The kernels read Q, K, V and the score chain's inputs at their strides, as the forward does;
+O and dO are read as contiguous ``[B·H, M, Dv]`` tensors, and dQ, dK, dV are written in fp32,
+one per query head, then cast to the inputs' dtypes and laid out as the inputs are shaped.
+
+``fused_backward_applies`` says whether a call can take this path: the region has a printed
+backward and only Q, K and V ask for gradients; otherwise the region's own ops are recomputed
+with eager autograd (runtime/op.py), as they are for sizes the kernels cannot index.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ..codegen.backward import backward_tile
+from ..codegen.emit import _pow2
+from ..config import interpreting
+from .cache import load_kernel
+from .launch import LaunchValues, _kernel_args, _launching
+
+INT32_LIMIT = 2 ** 31
+
+
+def fused_backward_applies(entry, tensors, needs) -> bool:
+    """Can this call's backward run the fused kernels (decided when autograd records the call,
+    also while a compiler traces it: from the tensors' devices and which need gradients only)?"""
+    plan = entry.backward
+    if plan is None or entry.failed is not None:
+        return False
+    if any(need and i not in plan.inputs for i, need in enumerate(needs)):
+        return False
+    return interpreting() or tensors[0].device.type == "cuda"
+
+
+def _kernels_fit(plan, frame) -> bool:
+    """Non-empty sizes whose every index fits the kernels' int32 arithmetic."""
+    if 0 in frame:
+        return False
+    a, b = plan.index_bound
+    batch = math.prod(frame[:-2])
+    largest = batch * max(frame[-2:]) * max(plan.d, plan.dv)
+    return a * max(frame) + b < INT32_LIMIT and largest < INT32_LIMIT
+
+
+def _rows_major(t: torch.Tensor, batch: int, rows: int, cols: int) -> torch.Tensor:
+    return t.reshape(batch, rows, cols).contiguous()
+
+
+def _as_input(grad: torch.Tensor, like: torch.Tensor, where: tuple) -> torch.Tensor:
+    """The gradient computed as ``[B·H, rows, cols]`` (fp32), in the shape of the input ``like``
+    the kernel reads as ``[*batch, rows, cols]`` (or its transpose)."""
+    _, transposed, rank = where
+    batch = like.shape[:rank]
+    grad = grad.reshape(*batch, *grad.shape[-2:])
+    if transposed:
+        grad = grad.transpose(-1, -2)
+    return grad.to(like.dtype).reshape(like.shape)
+
+
+def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, frame: list, extras: list,
+                 symints=()) -> list:
+    """The gradients of the inputs the kernel reads as Q, K and V (``plan.inputs``, in order;
+    an input read as two of them gets the sum). Sizes the kernels cannot index recompute the
+    region's own ops with eager autograd instead."""
+    plan = entry.backward
+    frame = [int(s) for s in frame]
+    if not _kernels_fit(plan, frame):
+        return _eager_gradients(entry, inputs, grad, extras)
+    *batch_sizes, m, n = frame
+    batch = math.prod(batch_sizes)
+    device = out.device
+    f32 = dict(device=device, dtype=torch.float32)
+    own = {"lse": torch.empty(batch, m, **f32), "delta": torch.empty(batch, m, **f32),
+           "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
+           "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
+           "dv": torch.empty(batch, n, plan.dv, **f32)}
+    bm, bn, warps, stages = backward_tile(plan.d, plan.dv, interpreting())
+    values = LaunchValues(inputs, frame, None, [], [], tuple(symints))
+    dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+    with torch.cuda.device(device) if device.type == "cuda" else _launching():
+        for kernel in plan.kernels:
+            fn = load_kernel(plan.source, kernel.name)
+            grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
+            fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
+                     BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    grads: dict = {}
+    for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
+        g = _as_input(own[name], inputs[where[0]], where)
+        grads[where[0]] = g if where[0] not in grads else grads[where[0]] + g
+    return [grads[i] for i in plan.inputs]
+
+
+def _eager_gradients(entry, inputs, grad, extras) -> list:
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(i in entry.backward.inputs) for i, t in enumerate(inputs)]
+        out = entry.reference(*leaves, *extras)[0]
+        grads = torch.autograd.grad(out, [leaves[i] for i in entry.backward.inputs], grad, allow_unused=True)
+    return [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(entry.backward.inputs, grads)]
+
+
+__all__ = ["fused_backward_applies", "run_backward"]
