@@ -139,6 +139,33 @@ def assert_accurate(fn, args, out):
     return fused_err, eager_err
 
 
+def assert_gradients_accurate(fn, fast, args, wrt) -> list:
+    """The gradients ``fast`` (fn optimized) gives the inputs ``args[i]`` for i in ``wrt`` are
+    within ERROR_FACTOR × eager's own error against float64 autograd (where the float64
+    gradient is finite, NaN where it is NaN). Returns [(fused error, eager error)] per input."""
+    def grads(f, xs, grad=None):
+        leaves = [x.detach().clone().requires_grad_(i in wrt) if isinstance(x, torch.Tensor) else x
+                  for i, x in enumerate(xs)]
+        out = f(*leaves)
+        grad = torch.randn_like(out) if grad is None else grad.to(out.dtype)
+        out.backward(grad)
+        return [leaves[i].grad for i in wrt], grad
+
+    fused, grad = grads(fast, args)
+    eager, _ = grads(fn, args, grad)
+    ref, _ = grads(fn, to_float64(args), grad)
+    errors = []
+    for got, own, want in zip(fused, eager, ref):
+        assert got.shape == want.shape and got.dtype == own.dtype
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN pattern differs from float64 autograd"
+        finite = torch.isfinite(want)
+        fused_err, eager_err = max_error(got[finite], want[finite]), max_error(own[finite], want[finite])
+        bound = ERROR_FACTOR * eager_err + FLOOR[got.dtype] * max(1.0, want[finite].abs().max().item())
+        assert fused_err <= bound, f"fused gradient error {fused_err:.3g} > {bound:.3g} (eager {eager_err:.3g})"
+        errors.append((fused_err, eager_err))
+    return errors
+
+
 # Triton's signature names of the dtypes a kernel argument may have (for compiling without a GPU:
 # gluon_compile.py, triton_compile.py).
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",

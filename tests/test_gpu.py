@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 import fxflash
 from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS, gluon_tile
 from fxflash.variants import VARIANTS, Shape
-from helpers import assert_accurate
+from helpers import assert_accurate, assert_gradients_accurate
 from test_fused import FUSED_VARIANTS
+from test_fused_backward import FUSED as FUSED_BACKWARD
 from test_sparsity import (COMBINE, MASKS, _finite_fill, _padded_program, _padding_args, _program,
                            _skipping_changes_nothing, runs)
 
@@ -50,6 +51,19 @@ def test_variant_on_gpu(name, shape, dtype):
     assert_accurate(variant.fn, args, first)
     # the same layout again: the bound launch (launch.Launcher), the same kernel
     torch.testing.assert_close(fast(*args), first, rtol=0, atol=0, equal_nan=True)
+
+
+BACKWARD_CASES = [(name, "odd") for name in FUSED_BACKWARD] + [
+    (name, shape) for name in ("vanilla", "causal", "gqa_expand", "softcap") for shape in ("even", "d128", "d256")]
+
+
+@pytest.mark.parametrize("name,shape", BACKWARD_CASES, ids=str)
+def test_fused_backward_on_gpu(name, shape):
+    """bf16 gradients of Q, K and V from the generated backward kernels, as accurate as eager's."""
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES[shape], torch.bfloat16, "cuda")
+    assert [r.backward for r in fxflash.explain(variant.fn, *args).regions] == ["fused"]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn, inner="eager"), args, wrt=(0, 1, 2))
 
 
 def test_bound_launches_follow_alignment_and_cuda_graphs():

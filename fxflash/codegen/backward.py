@@ -28,6 +28,7 @@ from ..tile import ir
 from ..tile.backward import BackwardRefused, lower_backward, lower_statistics
 from .emit import (COL, EXACT_FORMS, FLT_MAX, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed, _scaled,
                    module_source)
+from ..config import interpreting
 from .printers import literal
 
 # The logical shape of each named tile of the backward programs: "rows" [BM, ·], "keys" [BN, ·],
@@ -111,15 +112,15 @@ class _Kernel:
         self.values: dict = {}   # IR name → (code, dtype of the tile: a torch dtype, or None for fp32)
         self.transposed: set = set()  # names whose variable holds the tile's transpose
         self.own: list = []
-        self.operands = {region.q.node.name: region.q, region.k.node.name: region.k,
-                         region.v.node.name: region.v}
+        self.operands = {"q": region.q, "k": region.k, "v": region.v}  # by the programs' names of their tiles
 
     # -- values --------------------------------------------------------------------------
     def ref(self, a) -> str:
         if not isinstance(a, str):
             return literal(a)
-        if a in self.values:
-            return self.values[a][0]
+        if a in self.values:   # elementwise math in fp32, as the forward's (a loaded tile widened)
+            code, dtype = self.values[a]
+            return code if dtype in (None, torch.float32) else f"{code}.to(tl.float32)"
         node = self.nodes.get(a)
         if node is None:
             raise BackwardRefused(f"{self.program.name}: the value {a} is not printed")
@@ -144,7 +145,7 @@ class _Kernel:
                            f"mask=({ROW} < M) & (offs_dv[None, :] < {cols}), other=0.0)")
                 self.values[op.name] = (op.name, self.out_dtype)
             return
-        operand = self.operands.get(op.tensor)
+        operand = self.operands.get(op.name) if op.cols is not None else None
         if operand is None:
             return  # a score-chain input: printed where a value reads it (the value printer)
         rows = ROW if op.tile == "rows" else "offs_n[:, None]"
@@ -172,6 +173,11 @@ class _Kernel:
         to the other operand's dtype, as FlashAttention's backward does."""
         (ca, da), (cb, db) = a, b
         dtype = da or db or torch.float32
+        if interpreting() and dtype is torch.bfloat16:
+            # the interpreter's bf16 conversions go wrong (emit._dot): the fp32 dot of the
+            # widened tiles, the same products, P and dS unrounded
+            ca, cb = (c if d is None else f"{c}.to(tl.float32)" for c, d in ((ca, da), (cb, db)))
+            return _dot(ca, cb, torch.float32, acc)
         ca = ca if da is dtype else f"{ca}.to({_tl(dtype)})"
         cb = cb if db is dtype else f"{cb}.to({_tl(dtype)})"
         return _dot(ca, cb, dtype, acc)

@@ -1,0 +1,86 @@
+"""The fused backward (codegen/backward.py, runtime/backward.py): every variant whose region has a
+softmax of the scores computes dQ, dK and dV with generated kernels, run here in Triton's
+interpreter, as accurate as eager autograd against float64; the rest recompute eagerly and say
+why (RegionReport.backward)."""
+import pytest
+import torch
+
+import fxflash
+from fxflash.variants import VARIANTS, Shape
+from helpers import assert_fused, assert_gradients_accurate
+
+SHAPE = Shape(B=2, H=4, Hkv=2, M=29, N=37, D=24, Dv=12)   # odd sizes, GQA, M ≠ N, D ≠ Dv
+# the variants whose every region's backward is fused; the others, with the reason they give
+FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum_bshd", "gqa_repeat_interleave",
+         "gqa_expand", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal",
+         "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask"]
+EAGER = {"diff_attention": "several score contractions", "evoformer_row": "ops after P·V",
+         "sigmoid_attention": "reductions other than one softmax", "softmax_one": "P other than the softmax's"}
+
+
+def _fused_backward(name, args):
+    regions = assert_fused(fxflash.explain(VARIANTS[name].fn, *args), VARIANTS[name].chains)
+    return [r.backward for r in regions]
+
+
+# bf16 on a few: the interpreter's bf16 dots are the ones that need care (codegen/backward.py)
+CASES = [(name, dtype) for name in FUSED for dtype in (torch.float32, torch.float16)] + [
+    (name, torch.bfloat16) for name in ("vanilla", "gqa_expand", "softcap", "causal", "document_mask")]
+
+
+@pytest.mark.parametrize("name,dtype", CASES, ids=str)
+def test_gradients_of_q_k_v_from_the_fused_backward(name, dtype):
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPE, dtype)
+    assert _fused_backward(name, args) == ["fused"]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
+
+
+@pytest.mark.parametrize("name,why", EAGER.items())
+def test_regions_outside_the_form_recompute_eagerly_and_say_why(name, why):
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPE)
+    notes = _fused_backward(name, args)
+    assert all(note.startswith("eager recompute: ") for note in notes) and why in notes[0]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
+
+
+def test_a_bias_that_asks_for_its_gradient_is_recomputed_eagerly():
+    """Only Q, K and V get gradients from the kernels; a bias that needs one takes the eager path
+    for that call (the same region, the same answer)."""
+    def fn(q, k, v, bias):
+        return torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
+    bias = torch.randn(SHAPE.M, SHAPE.N)
+    assert _fused_backward_of(fn, q, k, v, bias) == ["fused"]
+    assert_gradients_accurate(fn, fxflash.optimize(fn), (q, k, v, bias), wrt=(0, 1, 2, 3))
+    assert_gradients_accurate(fn, fxflash.optimize(fn), (q, k, v, bias), wrt=(0, 2))
+
+
+def _fused_backward_of(fn, *args):
+    return [r.backward for r in assert_fused(fxflash.explain(fn, *args))]
+
+
+def test_one_tensor_read_as_q_and_k_gets_both_gradients():
+    def self_attention(x, v):
+        return torch.softmax(x @ x.transpose(-1, -2) * 0.3, -1) @ v
+
+    x = torch.randn(2, 3, 21, 16)
+    v = torch.randn(2, 3, 21, 16)
+    assert _fused_backward_of(self_attention, x, v) == ["fused"]
+    assert_gradients_accurate(self_attention, fxflash.optimize(self_attention), (x, v), wrt=(0, 1))
+
+
+def test_training_through_the_backend_uses_the_fused_backward(monkeypatch):
+    """torch.compile's AOTAutograd traces the region's autograd formula: the compiled backward
+    calls fxflash::region_backward, whose kernels give the gradients."""
+    import fxflash.runtime.backward as backward
+
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(1) or run(*a, **k))
+    variant = VARIANTS["causal"]
+    compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="eager"), fullgraph=True)
+    assert_gradients_accurate(variant.fn, compiled, variant.inputs(SHAPE), wrt=(0, 1, 2))
+    assert calls
