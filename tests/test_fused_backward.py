@@ -84,3 +84,26 @@ def test_training_through_the_backend_uses_the_fused_backward(monkeypatch):
     compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="eager"), fullgraph=True)
     assert_gradients_accurate(variant.fn, compiled, variant.inputs(SHAPE), wrt=(0, 1, 2))
     assert calls
+
+
+@pytest.mark.fusion_independent  # prints the region's backward itself, as the pipeline would
+@pytest.mark.parametrize("name,ranged", [
+    ("causal", {"lse": True, "dkdv": True, "dq": True}),
+    ("sliding_window", {"lse": True, "dkdv": True, "dq": True}),
+    ("document_mask", {"lse": True, "dkdv": False, "dq": True}),   # ids: bounded along the keys only
+    ("vanilla", {"lse": False, "dkdv": False, "dq": False}),
+])
+def test_the_masks_bound_the_backward_loops(name, ranged):
+    """Each loop visits only the tiles a -inf mask leaves, by the masks' intervals (as the
+    forward's): over the keys for L and dQ, over the rows for dK and dV where the mask is
+    computed from indices alone."""
+    from fxflash.codegen import emit_kernel
+    from fxflash.codegen.backward import emit_backward
+    from fxflash.codegen.printers import PRINTERS
+    from helpers import region_and_kinds
+
+    variant = VARIANTS[name]
+    region, kinds = region_and_kinds(variant.fn, *variant.inputs(SHAPE))
+    plan = emit_backward(region, kinds, emit_kernel(region, kinds), PRINTERS)
+    got = {k.name.rsplit("_", 1)[-1]: k.ranged for k in plan.kernels if k.name.rsplit("_", 1)[-1] in ranged}
+    assert got == ranged

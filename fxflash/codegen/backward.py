@@ -12,7 +12,8 @@ Layout: the operands Q, K, V and the score chain's inputs are read at their own 
 the forward; O, dO, L and Δ are contiguous ``[B·H, M, …]`` tensors the launch makes; dQ, dK and dV
 are written to contiguous fp32 tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
 heads are summed by the backward of the user's own expand). No atomics: the programs are
-deterministic. Every key tile is visited (tile skipping in the backward is not printed yet).
+deterministic. Each loop visits only the tiles that the region's -inf masks do not empty, by the
+masks' intervals, as the forward does (``tile_range``).
 
 Raises BackwardRefused where a program holds what the printer does not print, so the region's
 backward recomputes it eagerly; the reason is reported by ``explain()``.
@@ -26,10 +27,12 @@ import torch.fx as fx
 
 from ..tile import ir
 from ..tile.backward import BackwardRefused, lower_backward, lower_statistics
-from .emit import (COL, EXACT_FORMS, FLT_MAX, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed, _scaled,
+from .emit import (COL, EXACT_FORMS, FLT_MAX, KEY_TILES, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed, _scaled,
                    module_source)
+from ..analysis import OpKind
 from ..config import interpreting
-from .printers import literal
+from .intervals import IntervalPrinter, NoInterval
+from .printers import Unprintable, literal
 
 # The logical shape of each named tile of the backward programs: "rows" [BM, ·], "keys" [BN, ·],
 # "scores" [BM, BN]; each program's own tensors, by the value name its programs use.
@@ -52,9 +55,18 @@ aten = torch.ops.aten
 _VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
           aten.clone.default, aten.alias.default}
 
-# Tiles (BLOCK_M, BLOCK_N, warps, stages) of the four kernels, by the larger head dim; the
-# interpreter's smallest dot is 16 wide.
-BACKWARD_TILES = {64: (64, 64, 4, 2), 128: (64, 64, 8, 2), 256: (32, 32, 8, 1)}
+# Candidate tiles (BLOCK_M, BLOCK_N, warps, stages) of the kernels, timed at the first launch on
+# a GPU (tuning.choose, like the forward's), by the larger head dim and the tile a program owns: a
+# row tile (L, Δ, dQ: BLOCK_M rows held, BLOCK_N keys per step) or a key tile (dK and dV: BLOCK_N
+# keys held, BLOCK_M rows per step); the first is the default. The interpreter's dots are 16 wide.
+BACKWARD_TILES = {
+    64: {"row": [(64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2)],
+         "key": [(64, 64, 4, 2), (64, 128, 4, 2), (32, 128, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2)]},
+    128: {"row": [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3)],
+          "key": [(32, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 2), (64, 32, 4, 2)]},
+    256: {"row": [(32, 32, 8, 1), (32, 32, 4, 1), (64, 32, 8, 1)],
+          "key": [(32, 32, 8, 1), (32, 32, 4, 1), (32, 64, 8, 1)]},
+}
 INTERPRETER_TILE = (16, 16, 1, 1)
 
 
@@ -68,6 +80,8 @@ class BackwardKernel:
     per: str
     own: tuple
     args: list
+    summaries: tuple = ()  # (input, axis): per-tile minima and maxima its loop's range reads (KernelPlan.summaries)
+    ranged: bool = False   # its loop visits only the tiles the masks leave (tile_range)
 
 
 @dataclasses.dataclass
@@ -111,6 +125,7 @@ class _Kernel:
         self.chain = {n.name for n in region.nodes} | {region.frame.name}
         self.values: dict = {}   # IR name → (code, dtype of the tile: a torch dtype, or None for fp32)
         self.transposed: set = set()  # names whose variable holds the tile's transpose
+        self.skip_tests = 0
         self.own: list = []
         self.operands = {"q": region.q, "k": region.k, "v": region.v}  # by the programs' names of their tiles
 
@@ -212,7 +227,7 @@ class _Kernel:
             out.append(f"{op.acc} = {self.dot(p, self.tile(op.v, False), op.acc)}")
             self.values[op.acc] = (op.acc, None)
         elif isinstance(op, ir.SkipIf):
-            return  # every tile is visited (module docstring)
+            return  # the loop's range (tile_range)
         elif isinstance(op, ir.Store):
             self.store(op, out)
         else:
@@ -257,6 +272,49 @@ class _Kernel:
         out.append(f"tl.store({ptr} + (lin.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :], {value}, "
                    f"mask=({rows} < {size}) & ({offs}[None, :] < {cols}))")
 
+    def tile_range(self, prog: ir.TileProgram) -> list | None:
+        """Lines that bound the loop to ``[lo_t, hi_t)``: the tiles it visits outside that range are
+        empty under one of the program's skip masks on every score of this program's tile, by the
+        masks' intervals (codegen/intervals.py), a chunk of tiles at a time. None where a mask has
+        no interval; then every tile is visited, the masks applied. Over row tiles (a program per
+        key tile) only masks computed from indices alone are bounded: the interval printer reads
+        ids one row tile at a time."""
+        if not prog.skips:
+            return None
+        vp, over_keys = self.vp, prog.loop == "key"
+        axis = COL if over_keys else ROW
+        ranges = {ROW: ("m_lo", "m_hi"), COL: ("n_lo", "n_hi")}
+        ranges.update({f"fb{i}": (f"fb{i}", f"fb{i}") for i in range(len(vp.frame_shape) - 2)})
+        ip = IntervalPrinter(vp, ranges, KEY_TILES, axis)
+        empty = []
+        for skip in prog.skips:
+            node = self.nodes[skip.condition]
+            if not over_keys and not _from_indices(node, vp.kinds):
+                return None
+            try:
+                iv = ip.of(node, vp.idx_of(node, vp.frame_idx))
+            except (NoInterval, Unprintable):
+                return None
+            if not iv.is_bool:
+                return None
+            empty.append(f"({iv.must})" if skip.masked_when else f"(~({iv.may}))")
+        # over row tiles every line is computed per chunk: the interval printer takes the row
+        # tile's bounds for constants of its own (a remainder's range, broadcast from ``m_lo``)
+        once, varying = ip.split_lines() if over_keys else ([], ip.lines)
+        own, (lo, hi, block, size) = ((["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1"],
+                                       ("n_lo", "n_hi", "BLOCK_N", "N")) if over_keys else
+                                      (["n_lo = nt * BLOCK_N", "n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"],
+                                       ("m_lo", "m_hi", "BLOCK_M", "M")))
+        t, scan = KEY_TILES, 4 if interpreting() else 128   # small chunks: the tests' few tiles cross several
+        chunk = [f"{t} = c0 + tl.arange(0, {scan})", f"{lo} = {t} * {block}",
+                 f"{hi} = tl.minimum({lo} + {block}, {size}) - 1", *varying,
+                 f"live = ({t} < n_tiles) & ~({' | '.join(empty)})",
+                 f"lo_t = tl.minimum(lo_t, tl.min(tl.where(live, {t}, n_tiles), 0))",
+                 f"hi_t = tl.maximum(hi_t, tl.max(tl.where(live, {t} + 1, 0), 0))"]
+        return [*own, *once, f"n_tiles = tl.cdiv({size}, {block}).to(tl.int32)", "lo_t = n_tiles",
+                "hi_t = n_tiles * 0", f"for c0 in range(0, n_tiles, {scan}):", *("    " + line for line in chunk),
+                "hi_t = tl.maximum(hi_t, lo_t)"]
+
     # -- the function --------------------------------------------------------------------
     def print(self, out_dtype) -> BackwardKernel:
         prog, vp = self.program, self.vp
@@ -291,17 +349,19 @@ class _Kernel:
         elif prog.loop == "row":
             loop += ["offs_m = start_m + tl.arange(0, BLOCK_M)", f"{ROW} = offs_m[:, None]",
                      f"valid = ({ROW} < M) & col_ok"]
-        for op in (*prog.skips, *prog.body):
+        for op in prog.body:
             self.op(op, loop)
         post: list = []
         if prog.loop == "key" and "m" in self.values:
             self.values["m"] = ("m", None)   # the finished maximum
         for op in (*prog.epilogue, *prog.stores):
             self.op(op, post)
-        body = head + vp.pre + pre
+        ranged = self.tile_range(prog) if prog.loop else None
+        body = head + vp.pre + pre + (ranged or [])
         if prog.loop:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
-            body.append(f"for {start} in range(0, {stop}, {step}):")
+            lo, hi = (f"lo_t * {step}", f"hi_t * {step}") if ranged else ("0", stop)
+            body.append(f"for {start} in range({lo}, {hi}, {step}):")
             body += ["    " + line for line in loop]
         else:
             body += loop
@@ -310,7 +370,13 @@ class _Kernel:
                   "BLOCK_N: tl.constexpr", "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr",
                   "DVP: tl.constexpr"]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
-        return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args))
+        return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None)
+
+
+def _from_indices(node: fx.Node, kinds: dict) -> bool:
+    """Is ``node`` computed from tile indices alone (no tensor read)?"""
+    return kinds.get(node) is OpKind.INDEX and all(
+        _from_indices(a, kinds) for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor))
 
 
 def _tl(dtype) -> str:
@@ -338,8 +404,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
             raise BackwardRefused("the backward reads a tensor or size the forward's kernel does not")
         kernel.args = [_reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
                        for spec in kernel.args]
-        if any(spec[0] not in ("ptr", "stride", "size", "frame", "symint") for spec in kernel.args):
-            raise BackwardRefused("the backward's score chain reads per-tile summaries")
+        kernel.summaries = tuple((plan.input_nodes.index(vp.inputs[i]), axis) for i, axis in vp.summaries)
         bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
         kernels.append(kernel)
         lines += printer.lines + [""]
@@ -354,14 +419,13 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs)
 
 
-def backward_tile(d: int, dv: int, interpreted: bool) -> tuple:
-    if interpreted:
-        return INTERPRETER_TILE
+def backward_tiles(d: int, dv: int, per: str) -> list:
+    """The candidate tiles of the kernels whose programs own a ``per`` ("row" | "key") tile."""
     width = max(_pow2(d), _pow2(dv))
-    for limit, tile in sorted(BACKWARD_TILES.items()):
+    for limit, tiles in sorted(BACKWARD_TILES.items()):
         if width <= limit:
-            return tile
+            return tiles[per]
     raise BackwardRefused(f"head dim {width} is wider than the backward's tiles")
 
 
-__all__ = ["BackwardKernel", "BackwardPlan", "emit_backward", "backward_tile"]
+__all__ = ["BackwardKernel", "BackwardPlan", "INTERPRETER_TILE", "backward_tiles", "emit_backward"]

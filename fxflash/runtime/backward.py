@@ -17,11 +17,12 @@ import math
 import torch
 import triton
 
-from ..codegen.backward import backward_tile
+from ..codegen.backward import INTERPRETER_TILE, backward_tiles
 from ..codegen.emit import _pow2
 from ..config import interpreting
 from .cache import load_kernel
-from .launch import LaunchValues, _kernel_args, _launching
+from . import tuning
+from .launch import LaunchValues, _device_label, _kernel_args, _launching, min_max_per_tile
 
 INT32_LIMIT = 2 ** 31
 
@@ -79,20 +80,40 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
            "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}
-    bm, bn, warps, stages = backward_tile(plan.d, plan.dv, interpreting())
-    values = LaunchValues(inputs, frame, None, [], [], tuple(symints))
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+    dtypes = tuple(str(t.dtype) for t in inputs)
     with torch.cuda.device(device) if device.type == "cuda" else _launching():
         for kernel in plan.kernels:
             fn = load_kernel(plan.source, kernel.name)
-            grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
-            fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
-                     BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            # the per-tile summaries of ids its loop's range reads, along the axis it loops over
+            summaries = {}
+
+            def run(tile, kernel=kernel, fn=fn, summaries=summaries):
+                bm, bn, warps, stages = tile
+                block = bn if kernel.per == "row" else bm
+                if block not in summaries:
+                    summaries[block] = [min_max_per_tile(inputs[i], axis, block) for i, axis in kernel.summaries]
+                values = LaunchValues(inputs, frame, None, [], summaries[block], tuple(symints))
+                grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
+                fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
+                         BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+            run(_tile(plan, kernel, run, dtypes, device, frame))
     grads: dict = {}
     for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
         g = _as_input(own[name], inputs[where[0]], where)
         grads[where[0]] = g if where[0] not in grads else grads[where[0]] + g
     return [grads[i] for i in plan.inputs]
+
+
+def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
+    """The kernel's tile: the interpreter's, or the tuner's choice among its candidates (each kernel
+    tuned on its own: Δ, dK and dV, dQ read what the kernels before them wrote)."""
+    if interpreting() or device.type != "cuda":
+        return INTERPRETER_TILE
+    return tuning.choose(kernel.name, f"{plan.source}\n# {kernel.name}", backward_tiles(plan.d, plan.dv, kernel.per),
+                         dtypes, _device_label(device.index), frame, run,
+                         capturing=torch.cuda.is_current_stream_capturing(), device_index=device.index)
 
 
 def _eager_gradients(entry, inputs, grad, extras) -> list:

@@ -104,6 +104,12 @@ DERIVATIVES = {
 }
 
 
+def _skipping(r: Region) -> list:
+    """The tile masks a backward skips by: those whose masked scores are -inf with no check at run
+    time, where P is exactly 0 (a finite fill's row that every key masks is V's average, not 0)."""
+    return [m for m in r.tile_masks if not m.checked]
+
+
 def _n(a):
     return a.name if isinstance(a, fx.Node) else a
 
@@ -207,7 +213,7 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
     frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
     return TileProgram(
         f"{name}_bwd_lse", frame, (lowering._operand("q", r.q, "rows", r.D),),
-        tuple(SkipIf(m.condition.name, m.masked_when) for m in r.tile_masks), tuple(body),
+        tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)), tuple(body),
         (Map("log_l", "log", ("l",), "row"), Map("lse", "add", ("m", "log_l"), "row")),
         (Store("lse", "lse", "row values"),))
 
@@ -244,7 +250,7 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     dkdv = TileProgram(
         f"{name}_bwd_dkdv", frame,
         (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
-        tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in r.tile_masks),
+        tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in _skipping(r)),
         (*rows, *recompute(kv), Accumulate("dv_acc", "p", "do", transposed=True), Dot("dp", "do", "v"),
          *gradient_of_x(), *derivative, Accumulate("dk_acc", "ds", "q", transposed=True)),
         (*_scaled("dk", r.k, "dk_acc"), *_scaled("dv", r.v, "dv_acc")),
@@ -255,7 +261,7 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
         f"{name}_bwd_dq", frame,
         (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("lse", "lse", "row values"),
          Load("delta", "delta", "row values")),
-        tuple(SkipIf(m.condition.name, m.masked_when) for m in r.tile_masks),
+        tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
         (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
          Dot("dp", "do", "v"), *gradient_of_x(), *derivative, Accumulate("dq_acc", "ds", "k")),
         tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
