@@ -107,3 +107,17 @@ def test_the_masks_bound_the_backward_loops(name, ranged):
     plan = emit_backward(region, kinds, emit_kernel(region, kinds), PRINTERS)
     got = {k.name.rsplit("_", 1)[-1]: k.ranged for k in plan.kernels if k.name.rsplit("_", 1)[-1] in ranged}
     assert got == ranged
+
+
+def test_dynamic_shapes_train_through_the_fused_backward():
+    """Under dynamic=True the sizes are symbolic (P reaches P·V through an expand to its own sizes):
+    the backward is fused for each length, one graph for all."""
+    from fxflash.backend import recording
+
+    variant = VARIANTS["causal"]
+    compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="eager"), dynamic=True)
+    for m in (29, 41):
+        args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=m, N=m, D=24, Dv=12))
+        with recording() as reports:
+            assert_gradients_accurate(variant.fn, compiled, args, wrt=(0, 1, 2))
+        assert [r.backward for report in reports for r in report.regions if r.fused] == ["fused"]

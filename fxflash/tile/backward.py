@@ -136,8 +136,8 @@ def _softmax(r: Region) -> tuple:
     if more or sign != 1 or [(f.op, f.row) for f in form.factors] != [("div", sums[0].node)]:
         raise BackwardRefused(f"{p.name}: P·V with P other than the softmax's exp / sum")
     e = sums[0].source
-    while packet(p.target) is aten._to_copy:   # P rounded to V's dtype (a 16-bit softmax): its
-        p = p.args[0]                          # gradient passes the cast unchanged
+    while _passes_gradient(p):   # P rounded to V's dtype (a 16-bit softmax), or viewed in the score
+        p = p.args[0]            # frame (an expand to its own sizes): the gradient passes unchanged
     if packet(p.target) is aten.div and p.args[1] is sums[0].node:
         p = p.args[0]
     if packet(e.target) is not aten.exp or p is not e and p.args[0] is not e or packet(e.args[0].target) is not aten.sub:
@@ -146,6 +146,15 @@ def _softmax(r: Region) -> tuple:
     if m is not maxes[0].node or maxes[0].source is not x:
         raise BackwardRefused(f"{e.name}: the exponent is not x − max(x)")
     return maxes[0].node, sums[0].node, x
+
+
+def _passes_gradient(node: fx.Node) -> bool:
+    """A cast, or a view with as many elements as its input (no broadcast, whose gradient sums)."""
+    if packet(node.target) is aten._to_copy:
+        return True
+    if packet(node.target) not in (aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.alias):
+        return False
+    return node.meta["val"].numel() == node.args[0].meta["val"].numel()
 
 
 def _chain(r: Region, x: fx.Node) -> list:
