@@ -121,3 +121,16 @@ def test_dynamic_shapes_train_through_the_fused_backward():
         with recording() as reports:
             assert_gradients_accurate(variant.fn, compiled, args, wrt=(0, 1, 2))
         assert [r.backward for report in reports for r in report.regions if r.fused] == ["fused"]
+
+
+def test_activation_checkpointing_recomputes_the_fused_forward():
+    """Under torch.utils.checkpoint the region runs again in the backward, then its fused backward;
+    the first call compiles inside the checkpoint (the capture's own saved tensors are not the
+    call's)."""
+    from torch.utils.checkpoint import checkpoint
+
+    variant = VARIANTS["alibi"]
+    fast = fxflash.optimize(variant.fn)
+    args = variant.inputs(SHAPE)
+    assert _fused_backward("alibi", args) == ["fused"]
+    assert_gradients_accurate(variant.fn, lambda *a: checkpoint(fast, *a, use_reentrant=False), args, wrt=(0, 1, 2))

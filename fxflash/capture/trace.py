@@ -107,6 +107,10 @@ def _flat_function(fn: Callable, leaves, in_spec, tensor_positions, out_box):
     return flat_fn
 
 
+def _same(t):
+    return t
+
+
 def capture(
     fn: Callable,
     args: tuple,
@@ -138,7 +142,9 @@ def capture(
             snapshot.keep_contents(inputs)
         side_effects: list = []
         try:
-            with _quiet_fake_tensors():
+            # tensors autograd saves while tracing are the trace's own, not the call's: kept by
+            # identity hooks, so that hooks around the call (activation checkpointing) never see them
+            with _quiet_fake_tensors(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
                 gm = make_fx(
                     torch.func.functionalize(flat_fn, remove="mutations"),
                     decomposition_table=decomposition_table(),
