@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import fxflash
-from fxflash.runtime import backward
 
 B, H, D = 4, 16, 64
 
@@ -76,9 +75,7 @@ def main() -> None:
             paths, user = _paths(mask, seq)
             reference = None
             for name, fn in paths.items():
-                fused = backward.fused_backward_applies
-                if name.endswith("eager recompute"):
-                    backward.fused_backward_applies = lambda *a: False
+                fxflash.config.fused_backward = not name.endswith("eager recompute")
                 _step(fn, q, k, v, grad)   # compile and tune outside the timing
                 grads = [t.grad.float() for t in (q, k, v)]
                 reference = reference or grads
@@ -98,7 +95,6 @@ def main() -> None:
                 rows.append(dict(date=datetime.date.today().isoformat(), gpu=gpu, mask=mask, seq=seq, path=name,
                                  ms=round(ms, 3), peak_mb=round(peak / 2 ** 20, 1), backward=how,
                                  max_grad_diff_vs_sdpa=f"{diff:.3g}"))
-                backward.fused_backward_applies = fused
                 print(f"{mask:6} L={seq:5} {name:34} {ms:8.3f} ms  peak {peak / 2 ** 20:9.1f} MB  "
                       f"|dgrad − sdpa| {diff:.3g}  {how}", flush=True)
                 for t in (q, k, v):

@@ -31,6 +31,9 @@ class Config:
                      them instead of the kernel where they are faster: a region never runs slower
                      than the code it replaced; ``FXFLASH_TIME_EAGER=0`` times kernels only (for
                      benchmarks of the kernels themselves).
+    fused_backward:  a fused region's backward runs its generated kernels where it has them
+                     (runtime/backward.py); ``FXFLASH_FUSED_BACKWARD=0`` recomputes the region's
+                     own ops with eager autograd instead (for A/B measurements).
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
@@ -122,6 +125,7 @@ class Config:
     autotune: bool = os.environ.get("FXFLASH_AUTOTUNE", "1") != "0"
     precompile: bool = os.environ.get("FXFLASH_PRECOMPILE", "1") != "0"
     time_eager: bool = os.environ.get("FXFLASH_TIME_EAGER", "1") != "0"
+    fused_backward: bool = os.environ.get("FXFLASH_FUSED_BACKWARD", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"

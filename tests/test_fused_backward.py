@@ -134,3 +134,13 @@ def test_activation_checkpointing_recomputes_the_fused_forward():
     args = variant.inputs(SHAPE)
     assert _fused_backward("alibi", args) == ["fused"]
     assert_gradients_accurate(variant.fn, lambda *a: checkpoint(fast, *a, use_reentrant=False), args, wrt=(0, 1, 2))
+
+
+def test_the_fused_backward_can_be_turned_off(monkeypatch):
+    """config.fused_backward = False: the region's own ops are recomputed with eager autograd."""
+    import fxflash.runtime.backward as backward
+
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: pytest.fail("the fused backward ran"))
+    variant = VARIANTS["softcap"]
+    with fxflash.config.overridden(fused_backward=False):
+        assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), variant.inputs(SHAPE), wrt=(0, 1, 2))

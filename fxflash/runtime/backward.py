@@ -19,7 +19,7 @@ import triton
 
 from ..codegen.backward import INTERPRETER_TILE, backward_tiles
 from ..codegen.emit import _pow2
-from ..config import interpreting
+from ..config import config, interpreting
 from .cache import load_kernel
 from . import tuning
 from .launch import LaunchValues, _device_label, _kernel_args, _launching, min_max_per_tile
@@ -31,7 +31,7 @@ def fused_backward_applies(entry, tensors, needs) -> bool:
     """Can this call's backward run the fused kernels (decided when autograd records the call,
     also while a compiler traces it: from the tensors' devices and which need gradients only)?"""
     plan = entry.backward
-    if plan is None or entry.failed is not None:
+    if plan is None or entry.failed is not None or not config.fused_backward:
         return False
     if any(need and i not in plan.inputs for i, need in enumerate(needs)):
         return False
