@@ -45,17 +45,57 @@ def test_regions_outside_the_form_recompute_eagerly_and_say_why(name, why):
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
 
 
-def test_a_bias_that_asks_for_its_gradient_is_recomputed_eagerly():
-    """Only Q, K and V get gradients from the kernels; a bias that needs one takes the eager path
-    for that call (the same region, the same answer)."""
-    def fn(q, k, v, bias):
-        return torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
+def _biased(q, k, v, bias):
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.2 + bias, -1) @ v
 
+
+def _tempered(q, k, v, tau):
+    return torch.softmax((q @ k.transpose(-1, -2)) / tau, -1) @ v
+
+
+def _causal_biased(q, k, v, bias):
+    i = torch.arange(q.size(-2))
+    s = (q @ k.transpose(-1, -2) + bias).masked_fill(i[None, :] > i[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("fn,shape", [
+    (_biased, (SHAPE.H, SHAPE.M, SHAPE.N)),        # a learned relative-position bias, per head
+    (_biased, (SHAPE.B, 1, SHAPE.M, SHAPE.N)),     # per batch row, broadcast over the heads
+    (_tempered, (SHAPE.H, 1, 1)),                  # a temperature per head: s / τ
+    (_causal_biased, (SHAPE.M, SHAPE.M)),          # under a causal mask (skipped tiles: zero gradient)
+], ids=["head_bias", "batch_bias", "temperature", "causal_bias"])
+def test_a_tensor_the_scores_read_gets_its_gradient_from_the_fused_backward(fn, shape, monkeypatch):
+    """A bias or temperature the score chain reads as it is: its gradient is dS through the chain,
+    stored per tile by the dQ kernel and summed over the axes it broadcasts along."""
+    import fxflash.runtime.backward as backward
+
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(a[-1]) or run(*a, **k))
     q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
-    bias = torch.randn(SHAPE.M, SHAPE.N)
-    assert _fused_backward_of(fn, q, k, v, bias) == ["fused"]
-    assert_gradients_accurate(fn, fxflash.optimize(fn), (q, k, v, bias), wrt=(0, 1, 2, 3))
-    assert_gradients_accurate(fn, fxflash.optimize(fn), (q, k, v, bias), wrt=(0, 2))
+    if fn is _causal_biased:
+        k, v = k[..., :SHAPE.M, :], v[..., :SHAPE.M, :]
+    g = torch.Generator().manual_seed(0)
+    extra = torch.rand(shape, generator=g) + 0.5 if fn is _tempered else torch.randn(shape, generator=g)
+    args = (q, k, v, extra)
+    assert _fused_backward_of(fn, *args) == ["fused"]
+    assert_gradients_accurate(fn, fxflash.optimize(fn), args, wrt=(0, 1, 2, 3))
+    assert calls == [True]   # the fused backward, asked for the input's gradient
+
+
+def test_a_tensor_the_kernel_computes_from_others_is_recomputed_eagerly():
+    """ALiBi's slopes as a parameter: the kernel computes the bias from them (a value from outside
+    the region), so their gradient is not a stored tile: that call takes the eager path."""
+    def alibi(q, k, v, slopes):
+        i = torch.arange(q.size(-2))
+        return torch.softmax(q @ k.transpose(-1, -2) + slopes[:, None, None] * (i[None, :] - i[:, None]), -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=4, Hkv=4, M=29, N=29, D=24, Dv=12))
+    slopes = torch.rand(4, generator=torch.Generator().manual_seed(0))
+    assert _fused_backward_of(alibi, q, k, v, slopes) == ["fused"]
+    assert_gradients_accurate(alibi, fxflash.optimize(alibi), (q, k, v, slopes), wrt=(0, 1, 2, 3))
+    assert_gradients_accurate(alibi, fxflash.optimize(alibi), (q, k, v, slopes), wrt=(0, 2))
 
 
 def _fused_backward_of(fn, *args):
@@ -66,8 +106,8 @@ def test_one_tensor_read_as_q_and_k_gets_both_gradients():
     def self_attention(x, v):
         return torch.softmax(x @ x.transpose(-1, -2) * 0.3, -1) @ v
 
-    x = torch.randn(2, 3, 21, 16)
-    v = torch.randn(2, 3, 21, 16)
+    g = torch.Generator().manual_seed(0)
+    x, v = (torch.randn(2, 3, 21, 16, generator=g) for _ in range(2))
     assert _fused_backward_of(self_attention, x, v) == ["fused"]
     assert_gradients_accurate(self_attention, fxflash.optimize(self_attention), (x, v), wrt=(0, 1))
 
@@ -110,14 +150,15 @@ def test_the_masks_bound_the_backward_loops(name, ranged):
 
 
 def test_dynamic_shapes_train_through_the_fused_backward():
-    """Under dynamic=True the sizes are symbolic (P reaches P·V through an expand to its own sizes):
-    the backward is fused for each length, one graph for all."""
+    """Under dynamic=True the sizes are symbolic (P reaches P·V through an expand to its own sizes;
+    the causal mask's diagonal ``N − M`` is a symbolic size, which the forward's tile ranges read
+    too): the backward is fused for each length, one graph for all."""
     from fxflash.backend import recording
 
     variant = VARIANTS["causal"]
     compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="eager"), dynamic=True)
-    for m in (29, 41):
-        args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=m, N=m, D=24, Dv=12))
+    for m, n in ((29, 37), (21, 45)):
+        args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=m, N=n, D=24, Dv=12))
         with recording() as reports:
             assert_gradients_accurate(variant.fn, compiled, args, wrt=(0, 1, 2))
         assert [r.backward for report in reports for r in report.regions if r.fused] == ["fused"]

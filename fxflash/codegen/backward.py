@@ -25,22 +25,21 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from ..tile import ir
-from ..tile.backward import BackwardRefused, lower_backward, lower_statistics
-from .emit import (COL, EXACT_FORMS, FLT_MAX, KEY_TILES, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed, _scaled,
-                   module_source)
 from ..analysis import OpKind
 from ..config import interpreting
+from ..tile import ir
+from ..tile.backward import BackwardRefused, lower_backward, lower_statistics
+from .emit import (COL, EXACT_FORMS, FLT_MAX, KEY_TILES, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed,
+                   _scaled, module_source)
 from .intervals import IntervalPrinter, NoInterval
-from .printers import Unprintable, literal
+from .printers import TRITON_DTYPES, Unprintable, literal
 
-# The logical shape of each named tile of the backward programs: "rows" [BM, ·], "keys" [BN, ·],
-# "scores" [BM, BN]; each program's own tensors, by the value name its programs use.
-_OWN = {  # name → (kernel parameter, tile rows, columns, stored dtype is fp32)
-    "lse": ("lse_ptr", "rows", None), "delta": ("delta_ptr", "rows", None),
-    "do": ("do_ptr", "rows", "DV"), "o": ("o_ptr", "rows", "DV"),
-    "dq": ("dq_ptr", "rows", "D"), "dk": ("dk_ptr", "keys", "D"), "dv": ("dv_ptr", "keys", "DV"),
-}
+# The programs' own tensors (the launch makes them, contiguous [B·H, M or N, columns]; the kernel
+# parameter ``<name>_ptr``), by the name the programs give their tiles: name → (the tile's rows,
+# its columns; None for a row value, one per row). Besides them, ``dg<j>``: the j-th input
+# gradient stored per score tile, [B·H, M, N].
+_OWN = {"lse": ("rows", None), "delta": ("rows", None), "do": ("rows", "DV"), "o": ("rows", "DV"),
+        "dq": ("rows", "D"), "dk": ("keys", "D"), "dv": ("keys", "DV")}
 
 # Elementwise ops of the backward programs on printed values: op → Triton format.
 _MAPS = {
@@ -82,12 +81,14 @@ class BackwardKernel:
     args: list
     summaries: tuple = ()  # (input, axis): per-tile minima and maxima its loop's range reads (KernelPlan.summaries)
     ranged: bool = False   # its loop visits only the tiles the masks leave (tile_range)
+    input_grads: tuple = ()  # the inputs (by name, then by index) whose gradient tiles it stores
 
 
 @dataclasses.dataclass
 class BackwardPlan:
     """A region's backward: the module's source, its kernels in launch order, which of the
-    forward's inputs Q, K and V are (with how each is read), and the tile programs printed."""
+    forward's inputs Q, K and V are (with how each is read), the tile programs printed, and the
+    inputs the score chain reads as they are whose gradients it can give (a bias)."""
 
     source: str
     kernels: tuple
@@ -99,6 +100,7 @@ class BackwardPlan:
     dv: int
     index_bound: tuple
     programs: tuple
+    input_grads: tuple = ()  # the input indices of the tensors whose gradients the dQ kernel can store
 
 
 class _ValuePrinter(_Printer):
@@ -125,8 +127,8 @@ class _Kernel:
         self.chain = {n.name for n in region.nodes} | {region.frame.name}
         self.values: dict = {}   # IR name → (code, dtype of the tile: a torch dtype, or None for fp32)
         self.transposed: set = set()  # names whose variable holds the tile's transpose
-        self.skip_tests = 0
         self.own: list = []
+        self.input_grads: list = []   # the inputs whose gradient tiles it stores (Store "scores")
         self.operands = {"q": region.q, "k": region.k, "v": region.v}  # by the programs' names of their tiles
 
     # -- values --------------------------------------------------------------------------
@@ -144,13 +146,13 @@ class _Kernel:
     def own_param(self, name: str) -> str:
         if name not in self.own:
             self.own.append(name)
-        return _OWN[name][0]
+        return f"{name}_ptr"
 
     # -- operations ----------------------------------------------------------------------
     def load(self, op: ir.Load, out: list) -> None:
         vp = self.vp
         if op.name in _OWN:
-            ptr, _, cols = _OWN[op.name]
+            _, cols = _OWN[op.name]
             ptr = self.own_param(op.name)
             if cols is None:   # a row value, [BM, 1]
                 out.append(f"{op.name} = tl.load({ptr} + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)")
@@ -164,7 +166,7 @@ class _Kernel:
         if operand is None:
             return  # a score-chain input: printed where a value reads it (the value printer)
         rows = ROW if op.tile == "rows" else "offs_n[:, None]"
-        if op.name in ("k",):    # Kᵀ [D, BN], as the forward reads it
+        if op.name == "k":       # Kᵀ [D, BN], as the forward reads it
             (ptr,), mask = vp.operand("k", operand, "offs_d[:, None]", COL, "offs_d[:, None] < D", "col_ok")
             self.transposed.add("k")
         elif op.name == "q":
@@ -193,8 +195,8 @@ class _Kernel:
             # widened tiles, the same products, P and dS unrounded
             ca, cb = (c if d is None else f"{c}.to(tl.float32)" for c, d in ((ca, da), (cb, db)))
             return _dot(ca, cb, torch.float32, acc)
-        ca = ca if da is dtype else f"{ca}.to({_tl(dtype)})"
-        cb = cb if db is dtype else f"{cb}.to({_tl(dtype)})"
+        ca = ca if da is dtype else f"{ca}.to({TRITON_DTYPES[dtype]})"
+        cb = cb if db is dtype else f"{cb}.to({TRITON_DTYPES[dtype]})"
         return _dot(ca, cb, dtype, acc)
 
     def op(self, op, out: list) -> None:
@@ -251,7 +253,7 @@ class _Kernel:
         if op.combine == "max":
             x = self.ref(op.source)
             out += [f"xs = tl.where(valid, {x}, float('-inf'))",
-                    f"new_m = tl.maximum(m, tl.max(xs, 1)[:, None])",
+                    "new_m = tl.maximum(m, tl.max(xs, 1)[:, None])",
                     f"mg = tl.maximum(new_m, {-FLT_MAX!r})", "alpha = tl.exp(m - mg)", "m = new_m"]
             self.values["m"] = ("mg", None)
         elif op.combine == "sum" and op.rescaled_by == "m":
@@ -261,7 +263,14 @@ class _Kernel:
             raise BackwardRefused(f"{self.program.name}: the row reduction {op}")
 
     def store(self, op: ir.Store, out: list) -> None:
-        ptr, tile, cols = _OWN[op.value]
+        if op.tile == "scores":   # an input's gradient tile, written where the launch asks for it
+            name = f"dg{len(self.input_grads)}"
+            self.input_grads.append(op.tensor[1:])   # "d<input>"
+            self.own.append(name)
+            out.append(f"if STORE_DG: tl.store({name}_ptr + (lin.to(tl.int64) * M + {ROW}) * N + {COL}, "
+                       f"{self.ref(op.value)}, mask=valid)")
+            return
+        tile, cols = _OWN[op.value]
         ptr = self.own_param(op.value)
         value = self.ref(op.value)
         if cols is None:
@@ -366,23 +375,18 @@ class _Kernel:
         else:
             body += loop
         body += post
-        params = [*(_OWN[name][0] for name in self.own), *vp.params, "BLOCK_M: tl.constexpr",
+        params = [*(f"{name}_ptr" for name in self.own), *vp.params, "BLOCK_M: tl.constexpr",
                   "BLOCK_N: tl.constexpr", "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr",
-                  "DVP: tl.constexpr"]
+                  "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
-        return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None)
+        return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
+                              input_grads=tuple(self.input_grads))
 
 
 def _from_indices(node: fx.Node, kinds: dict) -> bool:
     """Is ``node`` computed from tile indices alone (no tensor read)?"""
     return kinds.get(node) is OpKind.INDEX and all(
         _from_indices(a, kinds) for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor))
-
-
-def _tl(dtype) -> str:
-    from .printers import TRITON_DTYPES
-
-    return TRITON_DTYPES[dtype]
 
 
 def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = "fxflash_region") -> BackwardPlan:
@@ -405,6 +409,10 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         kernel.args = [_reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
                        for spec in kernel.args]
         kernel.summaries = tuple((plan.input_nodes.index(vp.inputs[i]), axis) for i, axis in vp.summaries)
+        nodes = {n.name: n for n in plan.input_nodes}
+        if any(name not in nodes for name in kernel.input_grads):
+            raise BackwardRefused("an input whose gradient the backward gives is not read by the forward's kernel")
+        kernel.input_grads = tuple(plan.input_nodes.index(nodes[name]) for name in kernel.input_grads)
         bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
         kernels.append(kernel)
         lines += printer.lines + [""]
@@ -416,7 +424,8 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     # the key-side operand of the scores is Kᵀ: its ``transposed`` means its tensor holds K [*, N, D]
     q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
-    return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs)
+    input_grads = tuple(i for kernel in kernels for i in kernel.input_grads)
+    return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads)
 
 
 def backward_tiles(d: int, dv: int, per: str) -> list:

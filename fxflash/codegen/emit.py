@@ -522,9 +522,10 @@ class _Printer:
         if p in (aten.tril, aten.triu):
             x = self.outside(node.args[0], idx)
             diag = node.args[1] if len(node.args) > 1 else 0
+            diag = self.arg(diag, ()).code   # a literal, or a symbolic offset's run-time parameter
             row, col = (idx[-2] or "0"), (idx[-1] or "0")
             cmp = "<=" if p is aten.tril else ">="
-            kept = f"({col}) - ({row}) {cmp} {literal(diag)}"
+            kept = f"({col}) - ({row}) {cmp} {diag}"
             if dtype is torch.bool:  # a boolean mask stays boolean: tl.where reads it as its condition
                 code = f"({kept})" if x.code == "1" else f"({kept}) & ({x.code} != 0)"
             else:

@@ -164,6 +164,8 @@ class IntervalPrinter:
             x = self.of(node.args[0], idx)
             varies = self._printing(x.varies or self.range_varies(idx[-2]) or self.range_varies(idx[-1]))
             diag = node.args[1] if len(node.args) > 1 else 0
+            if isinstance(diag, fx.Node):   # a symbolic offset (dynamic=True): the kernel's run-time size
+                diag = self.of(diag, ()).lo
             rlo, rhi = self.index_range(idx[-2])
             clo, chi = self.index_range(idx[-1])
             if p is aten.tril:   # keep where col - row <= diag

@@ -33,7 +33,7 @@ def fused_backward_applies(entry, tensors, needs) -> bool:
     plan = entry.backward
     if plan is None or entry.failed is not None or not config.fused_backward:
         return False
-    if any(need and i not in plan.inputs for i, need in enumerate(needs)):
+    if any(need and i not in plan.inputs and i not in plan.input_grads for i, need in enumerate(needs)):
         return False
     return interpreting() or tensors[0].device.type == "cuda"
 
@@ -64,14 +64,15 @@ def _as_input(grad: torch.Tensor, like: torch.Tensor, where: tuple) -> torch.Ten
 
 
 def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, frame: list, extras: list,
-                 symints=()) -> list:
+                 symints=(), input_grads: bool = False) -> list:
     """The gradients of the inputs the kernel reads as Q, K and V (``plan.inputs``, in order;
-    an input read as two of them gets the sum). Sizes the kernels cannot index recompute the
-    region's own ops with eager autograd instead."""
+    an input read as two of them gets the sum), then, with ``input_grads``, those of
+    ``plan.input_grads`` (each summed from its [B·H, M, N] tiles over the axes it broadcasts
+    along). Sizes the kernels cannot index recompute the region's own ops with eager autograd."""
     plan = entry.backward
     frame = [int(s) for s in frame]
     if not _kernels_fit(plan, frame):
-        return _eager_gradients(entry, inputs, grad, extras)
+        return _eager_gradients(entry, inputs, grad, extras, input_grads)
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     device = out.device
@@ -80,6 +81,9 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
            "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}
+    # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for
+    own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
+                for j in range(len(plan.input_grads))})
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
     dtypes = tuple(str(t.dtype) for t in inputs)
     with torch.cuda.device(device) if device.type == "cuda" else _launching():
@@ -95,15 +99,20 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
                     summaries[block] = [min_max_per_tile(inputs[i], axis, block) for i, axis in kernel.summaries]
                 values = LaunchValues(inputs, frame, None, [], summaries[block], tuple(symints))
                 grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
+                stores = {"STORE_DG": input_grads} if kernel.input_grads else {}
                 fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
-                         BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+                         BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **stores)
 
             run(_tile(plan, kernel, run, dtypes, device, frame))
     grads: dict = {}
     for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
         g = _as_input(own[name], inputs[where[0]], where)
         grads[where[0]] = g if where[0] not in grads else grads[where[0]] + g
-    return [grads[i] for i in plan.inputs]
+    result = [grads[i] for i in plan.inputs]
+    if input_grads:
+        result += [own[f"dg{j}"].view(*batch_sizes, m, n).sum_to_size(inputs[i].shape).to(inputs[i].dtype)
+                   for j, i in enumerate(plan.input_grads)]
+    return result
 
 
 def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
@@ -116,12 +125,13 @@ def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
                          capturing=torch.cuda.is_current_stream_capturing(), device_index=device.index)
 
 
-def _eager_gradients(entry, inputs, grad, extras) -> list:
+def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:
+    wanted = [*entry.backward.inputs, *(entry.backward.input_grads if input_grads else ())]
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(i in entry.backward.inputs) for i, t in enumerate(inputs)]
+        leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
         out = entry.reference(*leaves, *extras)[0]
-        grads = torch.autograd.grad(out, [leaves[i] for i in entry.backward.inputs], grad, allow_unused=True)
-    return [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(entry.backward.inputs, grads)]
+        grads = torch.autograd.grad(out, [leaves[i] for i in wanted], grad, allow_unused=True)
+    return [torch.zeros_like(leaves[i]) if g is None else g for i, g in zip(wanted, grads)]
 
 
 __all__ = ["fused_backward_applies", "run_backward"]

@@ -127,19 +127,22 @@ def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) 
 
 @torch.library.custom_op("fxflash::region_backward", mutates_args=())
 def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, grad: torch.Tensor,
-                    sizes: list[int], scalars: list[float]) -> list[torch.Tensor]:
+                    sizes: list[int], scalars: list[float], input_grads: bool) -> list[torch.Tensor]:
     """The fused backward of region ``key`` (runtime/backward.py): the gradients of the inputs it
-    reads as Q, K and V (``BackwardPlan.inputs``), shaped as those inputs."""
+    reads as Q, K and V (``BackwardPlan.inputs``), then with ``input_grads`` those of the inputs
+    its score chain reads as they are (``BackwardPlan.input_grads``), shaped as those inputs."""
     from .backward import run_backward
 
     entry = registered(key)
     symints = tuple(sizes[len(sizes) - len(entry.plan.sym_nodes):]) if entry.plan.sym_nodes else ()
-    return run_backward(entry, inputs, out, grad, entry.split(sizes)[0], entry.extras(sizes, scalars), symints)
+    return run_backward(entry, inputs, out, grad, entry.split(sizes)[0], entry.extras(sizes, scalars), symints,
+                        input_grads)
 
 
 @region_backward.register_fake
-def _region_backward_fake(key, inputs, out, grad, sizes, scalars):
-    return [inputs[i].new_empty(inputs[i].shape) for i in registered(key).backward.inputs]
+def _region_backward_fake(key, inputs, out, grad, sizes, scalars, input_grads):
+    plan = registered(key).backward
+    return [inputs[i].new_empty(inputs[i].shape) for i in (*plan.inputs, *(plan.input_grads if input_grads else ()))]
 
 
 def _setup_context(ctx, inputs, output):
@@ -160,10 +163,13 @@ def _backward(ctx, grads_out):
     entry = registered(ctx.key)
     if grads_out[0] is not None and all(g is None for g in grads_out[1:]) \
             and fused_backward_applies(entry, tensors, ctx.needs):
-        grads = [None] * len(tensors)
-        for i, g in zip(entry.backward.inputs, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes,
-                                                                ctx.scalars)):
-            grads[i] = g if ctx.needs[i] else None
+        plan, grads = entry.backward, [None] * len(tensors)
+        input_grads = any(ctx.needs[i] for i in plan.input_grads)
+        given = (*plan.inputs, *(plan.input_grads if input_grads else ()))
+        for i, g in zip(given, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes, ctx.scalars,
+                                               input_grads)):
+            if ctx.needs[i]:
+                grads[i] = g if grads[i] is None else grads[i] + g   # a bias that is also V, say
         return None, grads, None, ctx.no_scalars
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, ctx.needs)]

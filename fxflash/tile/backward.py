@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..analysis import OpKind
 from ..analysis.ops import packet
 from ..patterns.region import Region
 from .ir import Accumulate, Dot, Load, Map, RowReduce, SkipIf, Store, TileProgram
@@ -52,9 +53,12 @@ def _mul(node, grad, deps, name):
 
 def _div(node, grad, deps, name):
     a, b = node.args
-    if b in deps:
-        raise BackwardRefused(f"{node.name}: a division by a value of the scores")
-    return [(a, Map(name(a), "div", (grad, _n(b))))]
+    out = [(a, Map(name(a), "div", (grad, _n(b))))] if a in deps else []
+    if b in deps:   # a loaded divisor (never a value of the scores: _derivative): −g·(a/b)/b
+        t = name(b)
+        out += [(None, Map(f"{t}_gq", "mul", (grad, node.name))), (None, Map(f"{t}_gqb", "div", (f"{t}_gq", _n(b)))),
+                (b, Map(t, "neg", (f"{t}_gqb",)))]
+    return out
 
 
 def _add(node, grad, deps, name, sign=1):
@@ -174,8 +178,10 @@ def _chain(r: Region, x: fx.Node) -> list:
     return [n for n in r.dag if n in from_s and n in to_x]
 
 
-def _derivative(r: Region, chain: list) -> list:
-    """Maps from ``dx`` back to ``dS`` (named ``ds``), through the chain in reverse order."""
+def _derivative(r: Region, chain: list, loaded: list) -> tuple:
+    """(Maps from ``dx`` back to ``dS`` (named ``ds``), through the chain in reverse order, and the
+    name of each gradient): the gradients of the scores and of the tensors in ``loaded`` (inputs the
+    chain reads as they are, such as a bias)."""
     deps = {r.frame, *chain}
     grads = {chain[-1]: "dx"} if chain else {r.frame: "dx"}
     ops = []
@@ -183,8 +189,12 @@ def _derivative(r: Region, chain: list) -> list:
         rule = DERIVATIVES.get(packet(node.target))
         if rule is None:
             raise BackwardRefused(f"{node.name} ({_op_name(node)}): no derivative rule")
-        for arg, op in rule(node, grads[node], deps, lambda a, node=node: f"d_{a.name}_from_{node.name}"):
+        if packet(node.target) is aten.div and node.args[1] in deps:
+            raise BackwardRefused(f"{node.name}: a division by a value of the scores")
+        for arg, op in rule(node, grads[node], deps | set(loaded), lambda a, node=node: f"d_{a.name}_from_{node.name}"):
             ops.append(op)
+            if arg is None:   # a step of the rule's own
+                continue
             if arg in grads:  # a value read twice: its gradients add
                 total = f"d_{arg.name}_{len(ops)}"
                 ops.append(Map(total, "add", (grads[arg], op.name)))
@@ -192,7 +202,24 @@ def _derivative(r: Region, chain: list) -> list:
             else:
                 grads[arg] = op.name
     ops.append(Map("ds", "alias", (grads[r.frame],)))
-    return ops
+    return ops, grads
+
+
+def _loaded(r: Region, chain: list, kinds: dict, printable) -> list:
+    """The floating tensors the score chain reads as they are (a bias, a temperature), not the
+    contraction's operands: the backward can give their gradients (``dS`` through the chain)."""
+    operands = {r.q.node, r.k.node, r.v.node}
+    outside = _Lowering(r, kinds, printable).outside
+    inside = set(r.nodes) | {r.frame}
+    found = []
+    for node in chain:
+        for a in node.all_input_nodes:
+            value = a.meta.get("val")
+            if (a in inside or a in operands or a in found or not isinstance(value, torch.Tensor)
+                    or not value.dtype.is_floating_point or kinds.get(a) is OpKind.INDEX or outside.computed(a)):
+                continue
+            found.append(a)
+    return found
 
 
 def _scaled(name: str, operand, acc: str) -> list:
@@ -232,7 +259,10 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     r = region
     _, _, x = _softmax(r)
     chain = _chain(r, x)
-    derivative = _derivative(r, chain)
+    loaded = _loaded(r, chain, kinds, printable)
+    derivative, grads = _derivative(r, chain, loaded)
+    # the gradient tile of each loaded input, stored per (row tile, key tile) where dS is
+    input_grads = tuple(Store(grads[a], f"d{a.name}", "scores") for a in loaded if a in grads)
     frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
     out = r.output.name
     delta = TileProgram(
@@ -272,6 +302,6 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
          Load("delta", "delta", "row values")),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
         (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
-         Dot("dp", "do", "v"), *gradient_of_x(), *derivative, Accumulate("dq_acc", "ds", "k")),
+         Dot("dp", "do", "v"), *gradient_of_x(), *derivative, *input_grads, Accumulate("dq_acc", "ds", "k")),
         tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
     return delta, dkdv, dq

@@ -156,14 +156,16 @@ class Finish:
 @dataclasses.dataclass(frozen=True)
 class Store:
     """``tensor[index] = value``: ``tile`` "output" (``[BM, Dv]``), "row values" (``[BM]``), or a
-    backward's gradient tiles "rows" (``[BM, D]``, dQ) and "keys" (``[BN, D]``, dK and dV)."""
+    backward's gradient tiles "rows" (``[BM, D]``, dQ), "keys" (``[BN, D]``, dK and dV) and
+    "scores" (``[BM, BN]``, a bias's, per tile in the loop)."""
 
     value: str
     tensor: str
     tile: str = "output"
 
     def __str__(self) -> str:
-        where = {"output": "[rows, :Dv]", "row values": "[rows]", "rows": "[rows, :]", "keys": "[keys, :]"}[self.tile]
+        where = {"output": "[rows, :Dv]", "row values": "[rows]", "rows": "[rows, :]", "keys": "[keys, :]",
+                 "scores": "[rows, keys]"}[self.tile]
         return f"store {self.value} → {self.tensor}{where}"
 
 
