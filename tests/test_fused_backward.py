@@ -128,14 +128,14 @@ def test_training_through_the_backend_uses_the_fused_backward(monkeypatch):
 
 @pytest.mark.fusion_independent  # prints the region's backward itself, as the pipeline would
 @pytest.mark.parametrize("name,ranged", [
-    ("causal", {"lse": True, "dkdv": True, "dq": True}),
-    ("sliding_window", {"lse": True, "dkdv": True, "dq": True}),
-    ("document_mask", {"lse": True, "dkdv": False, "dq": True}),   # ids: bounded along the keys only
-    ("vanilla", {"lse": False, "dkdv": False, "dq": False}),
+    ("causal", {"stats": True, "dkdv": True, "dq": True}),
+    ("sliding_window", {"stats": True, "dkdv": True, "dq": True}),
+    ("document_mask", {"stats": True, "dkdv": False, "dq": True}),   # ids: bounded along the keys only
+    ("vanilla", {"stats": False, "dkdv": False, "dq": False}),
 ])
 def test_the_masks_bound_the_backward_loops(name, ranged):
     """Each loop visits only the tiles a -inf mask leaves, by the masks' intervals (as the
-    forward's): over the keys for L and dQ, over the rows for dK and dV where the mask is
+    forward's): over the keys for the statistics and dQ, over the rows for dK and dV where the mask is
     computed from indices alone."""
     from fxflash.codegen import emit_kernel
     from fxflash.codegen.backward import emit_backward
@@ -185,3 +185,18 @@ def test_the_fused_backward_can_be_turned_off(monkeypatch):
     variant = VARIANTS["softcap"]
     with fxflash.config.overridden(fused_backward=False):
         assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), variant.inputs(SHAPE), wrt=(0, 1, 2))
+
+
+def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
+    """transformers' masks fill with ``finfo.min``: a row every key masks (left padding) has the
+    uniform P = 1/N in eager, which the backward's statistics must keep (``m + log l`` would lose
+    ``log l`` beside ``m ≈ −3.4·10³⁸``)."""
+    def padded(q, k, v, keep):
+        s = q @ k.transpose(-1, -2) * 0.2
+        return torch.softmax(torch.where(keep, s, torch.finfo(s.dtype).min), -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
+    i = torch.arange(SHAPE.M)[:, None]
+    keep = (torch.arange(SHAPE.N)[None, :] <= i) & (i >= 5)   # the first 5 rows keep no key
+    assert _fused_backward_of(padded, q, k, v, keep) == ["fused"]
+    assert_gradients_accurate(padded, fxflash.optimize(padded), (q, k, v, keep), wrt=(0, 1, 2))

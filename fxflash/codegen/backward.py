@@ -1,15 +1,15 @@
 """The backward kernels of a fused region, printed from its backward tile programs.
 
 ``emit_backward`` prints one Triton module of four kernels, each from one tile program of
-``tile/backward.py``: the row statistic ``L`` (``lower_statistics``: the forward kernel does not
-store it), Δ, dK and dV per key tile, and dQ per row tile. The printer walks each program's
+``tile/backward.py``: the row statistics ``m`` and ``1/l`` (``lower_statistics``: the forward
+kernel does not store them), Δ, dK and dV per key tile, and dQ per row tile. The printer walks each program's
 operations in order and prints them from a table (``_MAPS``); the values of the score chain
 (its loads, index expressions and elementwise ops, named by the region's FX nodes) are printed
 by the forward's value printer (``emit._Printer``), so a bias, a mask or a softcap is recomputed
 exactly as the forward computes it, from the same inputs.
 
 Layout: the operands Q, K, V and the score chain's inputs are read at their own strides, as in
-the forward; O, dO, L and Δ are contiguous ``[B·H, M, …]`` tensors the launch makes; dQ, dK and dV
+the forward; O, dO, m, 1/l and Δ are contiguous ``[B·H, M, …]`` tensors the launch makes; dQ, dK and dV
 are written to contiguous fp32 tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
 heads are summed by the backward of the user's own expand). No atomics: the programs are
 deterministic. Each loop visits only the tiles that the region's -inf masks do not empty, by the
@@ -38,7 +38,7 @@ from .printers import TRITON_DTYPES, Unprintable, literal
 # parameter ``<name>_ptr``), by the name the programs give their tiles: name → (the tile's rows,
 # its columns; None for a row value, one per row). Besides them, ``dg<j>``: the j-th input
 # gradient stored per score tile, [B·H, M, N].
-_OWN = {"lse": ("rows", None), "delta": ("rows", None), "do": ("rows", "DV"), "o": ("rows", "DV"),
+_OWN = {"m": ("rows", None), "inv_l": ("rows", None), "delta": ("rows", None), "do": ("rows", "DV"), "o": ("rows", "DV"),
         "dq": ("rows", "D"), "dk": ("keys", "D"), "dv": ("keys", "DV")}
 
 # Elementwise ops of the backward programs on printed values: op → Triton format.
@@ -56,7 +56,7 @@ _VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, ate
 
 # Candidate tiles (BLOCK_M, BLOCK_N, warps, stages) of the kernels, timed at the first launch on
 # a GPU (tuning.choose, like the forward's), by the larger head dim and the tile a program owns: a
-# row tile (L, Δ, dQ: BLOCK_M rows held, BLOCK_N keys per step) or a key tile (dK and dV: BLOCK_N
+# row tile (statistics, Δ, dQ: BLOCK_M rows held, BLOCK_N keys per step) or a key tile (dK and dV: BLOCK_N
 # keys held, BLOCK_M rows per step); the first is the default. The interpreter's dots are 16 wide.
 BACKWARD_TILES = {
     64: {"row": [(64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2)],

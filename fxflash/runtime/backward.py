@@ -1,4 +1,4 @@
-"""Launching a region's fused backward (codegen/backward.py): L, Δ, dK and dV, dQ.
+"""Launching a region's fused backward (codegen/backward.py): row statistics, Δ, dK and dV, dQ.
 
 ``run_backward`` takes the forward op's inputs, its result O and the incoming gradient dO, and
 returns the gradients of the tensors the kernel reads as Q, K and V, shaped as those inputs.
@@ -77,7 +77,7 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     batch = math.prod(batch_sizes)
     device = out.device
     f32 = dict(device=device, dtype=torch.float32)
-    own = {"lse": torch.empty(batch, m, **f32), "delta": torch.empty(batch, m, **f32),
+    own = {"m": torch.empty(batch, m, **f32), "inv_l": torch.empty(batch, m, **f32), "delta": torch.empty(batch, m, **f32),
            "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}

@@ -1,10 +1,11 @@
 """The backward of a fused region as tile programs, lowered from the same region as the forward.
 
 For ``O = softmax(x)·V`` with ``x = f(S)``, ``S = Q·Kᵀ`` (``f``: the region's score chain, its
-ops between the contraction and the softmax) and the row statistic ``L = m + log l`` the forward
-saves (``with_statistics``: its running maximum and sum), the gradients are
+ops between the contraction and the softmax) and each row's statistics, its maximum ``m`` and
+``1/l`` (``l``: its sum of ``exp(x − m)``; ``lower_statistics``, or a forward that stores them,
+``with_statistics``), the gradients are
 
-    P  = exp(x − L)                  recomputed from Q, K and L: no [M, N] tensor is kept
+    P  = exp(x − m) · (1/l)          recomputed from Q, K, m and 1/l: no [M, N] tensor is kept
     dV = Pᵀ·dO
     dP = dO·Vᵀ
     dx = P ⊙ (dP − Δ),  Δ = rowsum(dO ⊙ O)
@@ -14,12 +15,16 @@ saves (``with_statistics``: its running maximum and sum), the gradients are
 as three programs (FlashAttention-2's split, no atomics): Δ per row tile; dK and dV per key
 tile, looping over the row tiles; dQ per row tile, looping over the key tiles. The score
 chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
-exactly as in the forward, and the forward's tile masks skip the same tiles.
+exactly as in the forward, and the forward's tile masks skip the same tiles. The statistics are
+kept apart rather than as ``L = m + log l``: for a row every key masks with a finite fill
+(``finfo.min``), ``m ≈ −3.4·10³⁸`` absorbs ``log l`` in fp32, and ``exp(x − L)`` would be 1 where
+eager's P is ``1/N``.
 
 The gradients are those of the region's own inputs: where the kernel reads a K or V expanded
 over a GQA group, each program's dK and dV are its head's, and the expand's own backward sums
-them. Not generated or run yet: the fused region's backward recomputes it eagerly (runtime/op.py);
-tests/test_tile_backward.py evaluates these programs against autograd.
+them. A loaded input of the score chain (a bias) gets its gradient tile too, stored by the dQ
+program. codegen/backward.py prints these programs; tests/test_tile_backward.py evaluates them
+against autograd.
 
 ``lower_backward`` raises BackwardRefused, naming the op, where a region is outside this form
 (another reduction before P·V, several streams or score contractions, ops after P·V, an op of
@@ -119,11 +124,12 @@ def _n(a):
 
 
 def with_statistics(program: TileProgram, region: Region) -> TileProgram:
-    """The forward ``program`` that also stores each row's ``L = m + log l`` (the backward's P)."""
+    """The forward ``program`` that also stores each row's maximum and ``1/l`` (the backward's P)."""
     m, l = _softmax(region)[:2]
-    epilogue = (*program.epilogue, Map("log_l", "log", (l.name,), "row"), Map("lse", "add", (m.name, "log_l"), "row"))
+    epilogue = (*program.epilogue, Map("inv_l", "div", (1.0, l.name), "row"))
     return TileProgram(program.name, program.frame, program.prologue, program.skips, program.body, epilogue,
-                       (*program.stores, Store("lse", "lse", "row values")), program.streams)
+                       (*program.stores, Store(m.name, "m", "row values"), Store("inv_l", "inv_l", "row values")),
+                       program.streams)
 
 
 def _softmax(r: Region) -> tuple:
@@ -232,9 +238,9 @@ def _scaled(name: str, operand, acc: str) -> list:
 
 
 def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> TileProgram:
-    """The row statistic ``L = m + log l`` of ``softmax(x)``, per row tile over the key tiles: the
+    """The row statistics ``m`` and ``1/l`` of ``softmax(x)``, per row tile over the key tiles: the
     forward's score chain and online softmax without P·V (the backward's first program, while the
-    forward kernel does not store L itself)."""
+    forward kernel does not store them itself)."""
     r = region
     _, _, x = _softmax(r)
     lowering = _Lowering(r, kinds, printable)
@@ -248,10 +254,10 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
              Map("e", "exp", ("x_minus_m",), "against the running m"), RowReduce("l", "sum", "e", "m")]
     frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
     return TileProgram(
-        f"{name}_bwd_lse", frame, (lowering._operand("q", r.q, "rows", r.D),),
+        f"{name}_bwd_stats", frame, (lowering._operand("q", r.q, "rows", r.D),),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)), tuple(body),
-        (Map("log_l", "log", ("l",), "row"), Map("lse", "add", ("m", "log_l"), "row")),
-        (Store("lse", "lse", "row values"),))
+        (Map("inv_l", "div", (1.0, "l"), "row"),),
+        (Store("m", "m", "row values"), Store("inv_l", "inv_l", "row values")))
 
 
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
@@ -278,13 +284,14 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             ops += lowering._inputs(node, "scores")
             ops.append(Map(node.name, _op_name(node), lowering._args(node)))
             lowering.bound.add(node)
-        return ops + [Map("x_minus_lse", "sub", (x.name, "lse")), Map("p", "exp", ("x_minus_lse",))]
+        return ops + [Map("x_minus_m", "sub", (x.name, "m")), Map("e", "exp", ("x_minus_m",)),
+                      Map("p", "mul", ("e", "inv_l"))]
 
     def gradient_of_x() -> list:
         return [Map("dp_minus_delta", "sub", ("dp", "delta")), Map("dx", "mul", ("p", "dp_minus_delta"))]
 
     kv = _Lowering(r, kinds, printable)
-    rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("lse", "lse", "row values"),
+    rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"),
             Load("delta", "delta", "row values")]
     dkdv = TileProgram(
         f"{name}_bwd_dkdv", frame,
@@ -298,7 +305,7 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(
         f"{name}_bwd_dq", frame,
-        (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("lse", "lse", "row values"),
+        (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"),
          Load("delta", "delta", "row values")),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
         (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
