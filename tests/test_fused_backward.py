@@ -187,16 +187,22 @@ def test_the_fused_backward_can_be_turned_off(monkeypatch):
         assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), variant.inputs(SHAPE), wrt=(0, 1, 2))
 
 
+def padded(q, k, v, keep):
+    s = q @ k.transpose(-1, -2) * 0.2
+    return torch.softmax(torch.where(keep, s, torch.finfo(s.dtype).min), -1) @ v
+
+
+def padded_keep(m: int, n: int, device="cpu") -> torch.Tensor:
+    """Causal, the first 5 rows keeping no key (left padding)."""
+    i = torch.arange(m, device=device)[:, None]
+    return (torch.arange(n, device=device)[None, :] <= i) & (i >= 5)
+
+
 def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
     """transformers' masks fill with ``finfo.min``: a row every key masks (left padding) has the
     uniform P = 1/N in eager, which the backward's statistics must keep (``m + log l`` would lose
     ``log l`` beside ``m ≈ −3.4·10³⁸``)."""
-    def padded(q, k, v, keep):
-        s = q @ k.transpose(-1, -2) * 0.2
-        return torch.softmax(torch.where(keep, s, torch.finfo(s.dtype).min), -1) @ v
-
     q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
-    i = torch.arange(SHAPE.M)[:, None]
-    keep = (torch.arange(SHAPE.N)[None, :] <= i) & (i >= 5)   # the first 5 rows keep no key
+    keep = padded_keep(SHAPE.M, SHAPE.N)
     assert _fused_backward_of(padded, q, k, v, keep) == ["fused"]
     assert_gradients_accurate(padded, fxflash.optimize(padded), (q, k, v, keep), wrt=(0, 1, 2))

@@ -66,6 +66,18 @@ def test_fused_backward_on_gpu(name, shape):
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn, inner="eager"), args, wrt=(0, 1, 2))
 
 
+def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
+    """bf16: a per-head bias's gradient from the dQ kernel; rows a finfo.min mask empties."""
+    from test_fused_backward import _biased, padded, padded_keep
+
+    s = SHAPES["odd"]
+    q, k, v = VARIANTS["vanilla"].inputs(s, torch.bfloat16, "cuda")
+    bias = torch.randn(s.H, s.M, s.N, generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
+    assert_gradients_accurate(_biased, fxflash.optimize(_biased, inner="eager"), (q, k, v, bias), wrt=(0, 1, 2, 3))
+    keep = padded_keep(s.M, s.N, "cuda")
+    assert_gradients_accurate(padded, fxflash.optimize(padded, inner="eager"), (q, k, v, keep), wrt=(0, 1, 2))
+
+
 def test_bound_launches_follow_alignment_and_cuda_graphs():
     """A pointer off 16-byte alignment is launched through the JIT (another specialization),
     then bound; a bound launch captured in a CUDA graph replays onto new inputs."""
