@@ -7,8 +7,9 @@ O and dO are read as contiguous ``[B·H, M, Dv]`` tensors, and dQ, dK, dV are wr
 one per query head, then cast to the inputs' dtypes and laid out as the inputs are shaped.
 
 ``fused_backward_applies`` says whether a call can take this path: the region has a printed
-backward and only Q, K and V ask for gradients; otherwise the region's own ops are recomputed
-with eager autograd (runtime/op.py), as they are for sizes the kernels cannot index.
+backward and only Q, K, V and the tensors the score chain reads as they are (a bias) ask for
+gradients; otherwise the region's own ops are recomputed with eager autograd (runtime/op.py), as
+they are for sizes the kernels cannot index.
 """
 from __future__ import annotations
 
