@@ -81,7 +81,8 @@ class BackwardKernel:
     args: list
     summaries: tuple = ()  # (input, axis): per-tile minima and maxima its loop's range reads (KernelPlan.summaries)
     ranged: bool = False   # its loop visits only the tiles the masks leave (tile_range)
-    input_grads: tuple = ()  # the inputs (by name, then by index) whose gradient tiles it stores
+    input_grads: tuple = ()  # per gradient tile it stores, the input it belongs to (by name, then
+                             # by index; None: a value the kernels compute, not an input)
 
 
 @dataclasses.dataclass
@@ -409,10 +410,12 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         kernel.args = [_reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
                        for spec in kernel.args]
         kernel.summaries = tuple((plan.input_nodes.index(vp.inputs[i]), axis) for i, axis in vp.summaries)
+        # a value the kernels compute rather than load (emit's vector producers) is not an input
+        # of the op: its gradient tile has no input to go to (None), and its inputs' gradients
+        # are left to eager recomputation
         nodes = {n.name: n for n in plan.input_nodes}
-        if any(name not in nodes for name in kernel.input_grads):
-            raise BackwardRefused("an input whose gradient the backward gives is not read by the forward's kernel")
-        kernel.input_grads = tuple(plan.input_nodes.index(nodes[name]) for name in kernel.input_grads)
+        kernel.input_grads = tuple(plan.input_nodes.index(nodes[name]) if name in nodes else None
+                                   for name in kernel.input_grads)
         bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
         kernels.append(kernel)
         lines += printer.lines + [""]
@@ -424,7 +427,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     # the key-side operand of the scores is Kᵀ: its ``transposed`` means its tensor holds K [*, N, D]
     q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
-    input_grads = tuple(i for kernel in kernels for i in kernel.input_grads)
+    input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads)
 
 

@@ -83,8 +83,9 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}
     # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for
+    slots = [i for kernel in plan.kernels for i in kernel.input_grads]
     own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
-                for j in range(len(plan.input_grads))})
+                for j in range(len(slots))})
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
     dtypes = tuple(str(t.dtype) for t in inputs)
     with torch.cuda.device(device) if device.type == "cuda" else _launching():
@@ -112,7 +113,7 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     result = [grads[i] for i in plan.inputs]
     if input_grads:
         result += [own[f"dg{j}"].view(*batch_sizes, m, n).sum_to_size(inputs[i].shape).to(inputs[i].dtype)
-                   for j, i in enumerate(plan.input_grads)]
+                   for j, i in enumerate(slots) if i is not None]
     return result
 
 
