@@ -10,7 +10,6 @@ how many regions fused (fxflash's own report: 0 where the spelling runs unfused)
 difference from eager's output and the tile the tuner kept for it.
 """
 import argparse
-import csv
 import datetime
 import math
 import os
@@ -20,6 +19,8 @@ from triton.testing import do_bench
 
 import fxflash
 from fxflash.runtime import tuning
+
+import results_csv
 
 B, H, L, D, W, DOCS = 4, 16, 4096, 64, 256, 12
 NEG = float("-inf")
@@ -191,16 +192,7 @@ def main() -> None:
                              max_abs_diff_vs_eager=f"{err:.3g}", kept=kept))
             print(f"{mask:20} {name:28} {ms:7.3f} ms  {ms / best:5.2f}× best  regions {regions}  |diff| {err:.3g}"
                   f"  kept: {kept}", flush=True)
-    new = not os.path.exists(out)
-    if not new:
-        with open(out, newline="") as f:
-            if next(csv.reader(f), []) != list(rows[0]):
-                raise SystemExit(f"{out} has other columns; name another file with --out")
-    with open(out, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    results_csv.append(out, rows)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ inputs. Each fxflash row also says how the region's backward ran (fxflash's repo
 largest difference of its gradients from SDPA's.
 """
 import argparse
-import csv
 import datetime
 import math
 import os
@@ -20,6 +19,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import fxflash
+
+import results_csv
 
 B, H, D = 4, 16, 64
 
@@ -99,12 +100,7 @@ def main() -> None:
                       f"|dgrad − sdpa| {diff:.3g}  {how}", flush=True)
                 for t in (q, k, v):
                     t.grad = None
-    new = not os.path.exists(out)
-    with open(out, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    results_csv.append(out, rows)
 
 
 if __name__ == "__main__":
