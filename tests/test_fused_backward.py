@@ -212,3 +212,15 @@ def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
     keep = padded_keep(SHAPE.M, SHAPE.N)
     assert _fused_backward_of(padded, q, k, v, keep) == ["fused"]
     assert_gradients_accurate(padded, fxflash.optimize(padded), (q, k, v, keep), wrt=(0, 1, 2))
+
+
+def test_sizes_past_the_kernels_int32_indices_recompute_inside_the_backward_op(monkeypatch):
+    """Where the kernels' int32 index arithmetic could overflow, fxflash::region_backward gives the
+    same gradients from the region's own ops (here with the limit lowered to these sizes)."""
+    import fxflash.runtime.backward as backward
+
+    monkeypatch.setattr(backward, "INT32_LIMIT", 64)
+    monkeypatch.setattr(backward, "load_kernel", lambda *a: pytest.fail("a kernel was launched"))
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
+    bias = torch.randn(SHAPE.H, SHAPE.M, SHAPE.N, generator=torch.Generator().manual_seed(0))
+    assert_gradients_accurate(_biased, fxflash.optimize(_biased), (q, k, v, bias), wrt=(0, 1, 2, 3))
