@@ -223,4 +223,5 @@ def test_sizes_past_the_kernels_int32_indices_recompute_inside_the_backward_op(m
     monkeypatch.setattr(backward, "load_kernel", lambda *a: pytest.fail("a kernel was launched"))
     q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
     bias = torch.randn(SHAPE.H, SHAPE.M, SHAPE.N, generator=torch.Generator().manual_seed(0))
+    assert _fused_backward_of(_biased, q, k, v, bias) == ["fused"]
     assert_gradients_accurate(_biased, fxflash.optimize(_biased), (q, k, v, bias), wrt=(0, 1, 2, 3))
