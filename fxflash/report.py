@@ -38,7 +38,7 @@ class RegionReport:
     origin:    when fused from a call of ``scaled_dot_product_attention``, that call's name.
     tile_program: when fused, the kernel as tile operations (fxflash.tile.TileProgram).
     backward:  when fused, how its backward runs: ``"fused"`` (generated kernels, from the tile
-               programs in ``backward_programs``: L; Δ; dK and dV; dQ, fxflash.tile.backward) or
+               programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward) or
                ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 

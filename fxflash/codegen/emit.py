@@ -102,6 +102,10 @@ class KernelPlan:
     backward: object = None  # codegen.backward.BackwardPlan: the region's fused backward, or None
     backward_note: str = ""  # "fused", or "eager recompute: <why>" (explain())
 
+    def symints(self, sizes) -> tuple:
+        """This call's values of ``sym_nodes``: the op's last sizes."""
+        return tuple(sizes[len(sizes) - len(self.sym_nodes):]) if self.sym_nodes else ()
+
     def int32_index_ok(self, frame) -> bool:
         a, b = self.index_bound
         return a * max(frame) + b < INT32_LIMIT

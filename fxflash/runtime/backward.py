@@ -31,7 +31,7 @@ INT32_LIMIT = 2 ** 31
 def fused_backward_applies(entry, tensors, needs) -> bool:
     """Can this call's backward run the fused kernels (decided when autograd records the call,
     also while a compiler traces it: from the tensors' devices and which need gradients only)?"""
-    plan = entry.backward
+    plan = entry.plan.backward
     if plan is None or entry.failed is not None or not config.fused_backward:
         return False
     if any(need and i not in plan.inputs and i not in plan.input_grads for i, need in enumerate(needs)):
@@ -70,7 +70,7 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     an input read as two of them gets the sum), then, with ``input_grads``, those of
     ``plan.input_grads`` (each summed from its [B·H, M, N] tiles over the axes it broadcasts
     along). Sizes the kernels cannot index recompute the region's own ops with eager autograd."""
-    plan = entry.backward
+    plan = entry.plan.backward
     frame = [int(s) for s in frame]
     if not _kernels_fit(plan, frame):
         return _eager_gradients(entry, inputs, grad, extras, input_grads)
@@ -130,7 +130,8 @@ def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
 def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:
     """The gradients from the region's own ops: ``torch.func.vjp``, which differentiates inside a
     custom op's implementation, where autograd's dispatch is turned off."""
-    wanted = [*entry.backward.inputs, *(entry.backward.input_grads if input_grads else ())]
+    plan = entry.plan.backward
+    wanted = [*plan.inputs, *(plan.input_grads if input_grads else ())]
 
     def result(*xs):
         given = dict(zip(wanted, xs))

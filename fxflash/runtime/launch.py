@@ -401,7 +401,7 @@ class Launcher:
         *row values]."""
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
         # the op's last sizes are the symbolic integers the kernel reads (KernelPlan.sym_nodes)
-        symints = tuple(sizes[len(sizes) - len(self.plan.sym_nodes):]) if self.plan.sym_nodes else ()
+        symints = self.plan.symints(sizes)
         key = self.layout_key(inputs, sizes, out, sides, views)
         bound = self.bound.get(key) if key is not None else None
         if bound is not None:

@@ -8,8 +8,9 @@ returns ``[result, *row values]``: the result is a new tensor, contiguous or in 
 layout of the region's last op; the row values (a logsumexp returned by the user's code)
 are contiguous. Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula runs the region's fused backward
-(``fxflash::region_backward``, runtime/backward.py) where it has one and only Q, K and V ask for
-gradients; otherwise it recomputes the region's own subgraph with eager autograd.
+(``fxflash::region_backward``, runtime/backward.py) where it has one and the inputs asking for
+gradients are ones it gives (Q, K, V, a bias the scores read); otherwise it recomputes the
+region's own subgraph with eager autograd.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ class RegisteredRegion:
     reference: fx.GraphModule  # (inputs, extras) → the region's outputs: the replaced ops
     out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
-    backward: object = None    # codegen.backward.BackwardPlan: the fused backward, or None (eager recomputation)
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
 
@@ -134,14 +134,13 @@ def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, gra
     from .backward import run_backward
 
     entry = registered(key)
-    symints = tuple(sizes[len(sizes) - len(entry.plan.sym_nodes):]) if entry.plan.sym_nodes else ()
-    return run_backward(entry, inputs, out, grad, entry.split(sizes)[0], entry.extras(sizes, scalars), symints,
-                        input_grads)
+    return run_backward(entry, inputs, out, grad, entry.split(sizes)[0], entry.extras(sizes, scalars),
+                        entry.plan.symints(sizes), input_grads)
 
 
 @region_backward.register_fake
 def _region_backward_fake(key, inputs, out, grad, sizes, scalars, input_grads):
-    plan = registered(key).backward
+    plan = registered(key).plan.backward
     return [inputs[i].new_empty(inputs[i].shape) for i in (*plan.inputs, *(plan.input_grads if input_grads else ()))]
 
 
@@ -163,7 +162,7 @@ def _backward(ctx, grads_out):
     entry = registered(ctx.key)
     if grads_out[0] is not None and all(g is None for g in grads_out[1:]) \
             and fused_backward_applies(entry, tensors, ctx.needs):
-        plan, grads = entry.backward, [None] * len(tensors)
+        plan, grads = entry.plan.backward, [None] * len(tensors)
         input_grads = any(ctx.needs[i] for i in plan.input_grads)
         given = (*plan.inputs, *(plan.input_grads if input_grads else ()))
         for i, g in zip(given, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes, ctx.scalars,

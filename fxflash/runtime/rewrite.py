@@ -178,7 +178,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         shapes = [_size_arg(gm, s, sources) for r in results for s in r.meta["val"].shape]
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         ranks = tuple(r.meta["val"].dim() for r in results)
-        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float, plan.backward), gm)
+        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float), gm)
         # the reference's integers, then the kernel's (KernelPlan.sym_nodes: the launch reads the last ones)
         sizes = (frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
                  + [node_map[n] for n in plan.sym_nodes])
