@@ -30,7 +30,7 @@ import torch
 from . import internal
 from .capture import CaptureError, capture, sdpa
 from .runtime.op import owned
-from .runtime.rewrite import with_direct_calls
+from .runtime.rewrite import with_direct_calls, with_training_calls
 from .pipeline import optimize_graph, timed
 from .report import Report
 
@@ -192,7 +192,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     if direct is not None:
         compiled = report.rewritten = direct  # the graph that runs, its regions called directly
     else:
-        compiled = _inner_compile(inner, rewritten, example_inputs)
+        compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs)
     return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
 
 

@@ -79,6 +79,25 @@ def _backward(region, kinds, plan):
         return None, f"eager recompute: internal error ({type(exc).__name__}: {exc})"
 
 
+def _training_forward(region, kinds, plan):
+    """The region's forward printed again to store the row statistics ``m`` and ``1/l`` that its
+    fused backward reads (``KernelPlan.training``), reading the same inputs as ``plan``; None
+    where it cannot be printed: the backward then computes them itself, as it does after a
+    forward without them."""
+    from .codegen import emit_kernel, gluon
+    from .tile.backward import softmax_form
+
+    try:
+        m, l, _ = softmax_form(region)
+        training = emit_kernel(region, kinds, plan.name, plan.options, statistics=(m, l))
+        if training.input_nodes != plan.input_nodes or training.sym_nodes != plan.sym_nodes:
+            return None
+        gluon.attach(training, region, kinds, statistics=True)
+        return training
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+
+
 def _own_ops_line(plan) -> list[str]:
     """What the tuner does with the region's own ops (runtime/tuning.py, EAGER), and where it kept
     them: sizes at which every kernel was slower, from this process's or tuning.json's choices."""
@@ -198,6 +217,8 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
                     plan = emit_kernel(region, analysis.kinds, options=options)
                     gluon.attach(plan, region, analysis.kinds)
                     plan.backward, plan.backward_note = _backward(region, analysis.kinds, plan)
+                    if plan.backward is not None:
+                        plan.training = _training_forward(region, analysis.kinds, plan)
                 with internal.stage("rewrite", FusionRefused):  # refused, if at all, before compiling
                     at = placement(rewritten, region, plan, node_map)
                 with internal.stage("kernel compilation"):

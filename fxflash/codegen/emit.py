@@ -101,6 +101,8 @@ class KernelPlan:
                              # last sizes, in this order
     backward: object = None  # codegen.backward.BackwardPlan: the region's fused backward, or None
     backward_note: str = ""  # "fused", or "eager recompute: <why>" (explain())
+    training: "KernelPlan | None" = None  # the forward that also stores the row statistics the
+                             # backward reads (two fp32 row values after the region's own), or None
 
     def symints(self, sizes) -> tuple:
         """This call's values of ``sym_nodes``: the op's last sizes."""
@@ -260,6 +262,9 @@ class _Printer:
         self.second: list = []     # the second pass's loop body
         self.out_at = 0            # where the lines that combine and store the output begin in ``post``
         self.body: list = []       # the kernel's body (build)
+        # (max node, sum node) of the region's softmax whose row statistics the kernel also stores
+        # (the training forward, emit_kernel's ``statistics``), or None
+        self.statistics: tuple | None = None
 
     def label(self, node: fx.Node) -> str:
         """``node``'s name in the kernel's variables: its op and its rank among the region's nodes of
@@ -760,7 +765,8 @@ class _Printer:
         return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
                           out_dtype, r.D, r.Dv, configs=tuple(configs),
                           index_bound=self.index_bound,
-                          side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs),
+                          side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs)
+                          + (torch.float32,) * (2 if self.statistics is not None else 0),
                           partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
                           summaries=tuple(self.summaries), dv_split=self.dv_split,
@@ -976,10 +982,16 @@ class _Printer:
                 else:
                     idx = self.node_idx(node)
                     self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
-        for i, node in enumerate(r.side_outputs):
+        rows = [self.vars[node].code for node in r.side_outputs]
+        if self.statistics is not None:
+            # the backward's P = exp(x − m) · (1/l): the maximum the exponent was taken against
+            # (natural units) and the reciprocal of the finished sum
+            m, l = self.statistics
+            rows += [self.vars[m].code, f"(1.0 / {self.vars[l].code})"]
+        for i, code in enumerate(rows):
             ptr = self.param(f"side{i}_ptr", ("side", i))
             self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, "
-                             f"{self.vars[node].code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
+                             f"{code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
         self.out_at = len(self.post)
         finished = [f"acc{t}" if self.two_pass else self.finish(f"acc{t}", form.scale, form.factors, form.stream)
                     for t, (_, _, form) in enumerate(terms)]
@@ -1679,10 +1691,13 @@ def dv_split_of(region: Region) -> int:
 
 
 def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
-                options: KernelOptions | None = None) -> KernelPlan:
+                options: KernelOptions | None = None, statistics: tuple | None = None) -> KernelPlan:
     """Print the Triton kernel of ``region`` (a plain ``@triton.jit`` function whose tile sizes
     are constexprs) and its candidate tile configurations, with the kernel settings ``options``
-    (``config``'s now where None). Raises Unprintable for an op with no printer."""
+    (``config``'s now where None). ``statistics``: the (max, sum) nodes of the region's softmax
+    whose row statistics the kernel stores after the row values (the training forward: two more
+    fp32 rows, ``m`` and ``1/l``, ``KernelPlan.side_dtypes``). Raises Unprintable for an op with
+    no printer."""
     options = options or kernel_options()
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1
@@ -1692,6 +1707,7 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     configs = tile_configs(d, _pow2(region.Dv) // dv_split, elem_bytes, streams, len(region.terms))
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, options, dv_split)
+    printer.statistics = statistics
     plan = printer.build(kinds, out_dtype, configs)
     plan.flags, plan.fp_fusion, plan.options = printer.flags, printer.fma, options
     if not plan.flags and elem_bytes != 2:
@@ -1699,7 +1715,7 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     # eager's form over every key tile (no tile summaries)
     repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair",
                       dataclasses.replace(options, **EXACT_FORMS), dv_split)
-    repair.two_pass, repair.flags_rows = True, False
+    repair.two_pass, repair.flags_rows, repair.statistics = True, False, statistics
     repair.build(kinds, out_dtype, configs)
     plan.source = printer.source(repair)
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its

@@ -87,7 +87,7 @@ import torch.fx as fx
 from ..analysis.ops import packet
 from ..config import KernelOptions, kernel_options
 from ..patterns.region import Region
-from ..patterns.rules import HOMOMORPHISMS, LOG2E
+from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E
 from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
                    row_guard)
@@ -581,10 +581,11 @@ class _GluonPrinter(_Printer):
 
 
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
-               options: KernelOptions | None = None) -> GluonPlan:
+               options: KernelOptions | None = None, statistics: bool = False) -> GluonPlan:
     """Print the Gluon kernel of ``region`` (``refusal(region)`` must be None), reusing emit's
     printer for the score DAG and the tile range, with the kernel settings ``options``
-    (``config``'s now where None). Raises Unprintable for an op without a Gluon form."""
+    (``config``'s now where None); with ``statistics``, each consumer also stores its rows'
+    ``m`` and ``1/l`` (STATISTICS_STORE). Raises Unprintable for an op without a Gluon form."""
     # a mask that skips tiles only with emit's checks (a finite fill, an additive mask: TileMask.checked),
     # which this kernel does not make: its tiles are visited, masked
     r = dataclasses.replace(region, tile_masks=[m for m in region.tile_masks if not m.checked])
@@ -626,6 +627,12 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
         raise Unprintable("the streams' scores carry different scales")
     k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
     store = [to_gluon(line) for line in _output_store(pr)]
+    if statistics:
+        if r.side_outputs or len(sm.weights) > 1 or HOMOMORPHISMS[packet(sm.exp.target)].name != "exp":
+            raise Unprintable("row statistics beside row values, of softmax streams or of an exp2")
+        pr.param("side0_ptr", ("side", 0))
+        pr.param("side1_ptr", ("side", 1))
+        store = STATISTICS_STORE + store  # the store of ``out`` stays last (_tma_store_lines)
     out_tma = pr.tma_store()
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
@@ -680,6 +687,16 @@ PLAIN_STORE = [
 ]
 
 
+# The training forward's row statistics (emit_kernel's ``statistics``), stored by each consumer
+# for its rows: the maximum the exponent was taken against, ``mu`` (exp2 units), in natural units,
+# and the reciprocal of the row sum, as the backward reads them.
+STATISTICS_STORE = [
+    "stat_at = lin.to(gl.int64) * M + out_rows",
+    f"gl.store(side0_ptr + stat_at, gl.convert_layout(mu, o_rows) * {LN2!r}, mask=out_rows < M)",
+    "gl.store(side1_ptr + stat_at, 1.0 / gl.convert_layout(l_sum, o_rows), mask=out_rows < M)",
+]
+
+
 def _output_store(pr: _Printer) -> list:
     """The epilogue's lines after ``out`` is normalized: the region's output ops (a gate, a
     transpose) printed by emit's printer onto the consumer's row and column indices, then the
@@ -693,8 +710,9 @@ def _output_store(pr: _Printer) -> list:
     return [f"{ROW} = gl.expand_dims(out_rows, 1)", f"{DVC} = gl.expand_dims(out_cols, 0)", *pr.post]
 
 
-def attach(plan, region: Region, kinds: dict) -> None:
-    """Give ``plan`` (emit's KernelPlan of ``region``) its Gluon kernel, or the reason it has none.
+def attach(plan, region: Region, kinds: dict, statistics: bool = False) -> None:
+    """Give ``plan`` (emit's KernelPlan of ``region``; with ``statistics``, the training forward's)
+    its Gluon kernel, or the reason it has none.
     The Gluon kernel is an optional second form of a region the Triton kernel already computes:
     a failure to print it (a bug) is reported in a warning and the reason, never raised."""
     why = refusal(region)
@@ -702,7 +720,7 @@ def attach(plan, region: Region, kinds: dict) -> None:
         why = "its rows could not be repaired where they leave the multiply-add form's range (no repair kernel)"
     if why is None:
         try:
-            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon", plan.options).reindexed(
+            plan.gluon = emit_gluon(region, kinds, plan.name + "_gluon", plan.options, statistics).reindexed(
                 plan.input_nodes, plan.sym_nodes)
         except Unprintable as exc:
             why = str(exc)

@@ -65,11 +65,13 @@ def _as_input(grad: torch.Tensor, like: torch.Tensor, where: tuple) -> torch.Ten
 
 
 def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, frame: list, extras: list,
-                 symints=(), input_grads: bool = False) -> list:
+                 symints=(), input_grads: bool = False, statistics=()) -> list:
     """The gradients of the inputs the kernel reads as Q, K and V (``plan.inputs``, in order;
     an input read as two of them gets the sum), then, with ``input_grads``, those of
     ``plan.input_grads`` (each summed from its [B·H, M, N] tiles over the axes it broadcasts
-    along). Sizes the kernels cannot index recompute the region's own ops with eager autograd."""
+    along). ``statistics``: ``[m, 1/l]`` as the training forward stored them (then the statistics
+    kernel does not run), or empty. Sizes the kernels cannot index recompute the region's own
+    ops with eager autograd."""
     plan = entry.plan.backward
     frame = [int(s) for s in frame]
     if not _kernels_fit(plan, frame):
@@ -78,34 +80,23 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     batch = math.prod(batch_sizes)
     device = out.device
     f32 = dict(device=device, dtype=torch.float32)
-    own = {"m": torch.empty(batch, m, **f32), "inv_l": torch.empty(batch, m, **f32), "delta": torch.empty(batch, m, **f32),
+    own = {"delta": torch.empty(batch, m, **f32),
            "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}
+    kernels = plan.kernels
+    if statistics:
+        own["m"], own["inv_l"] = statistics
+        kernels = kernels[1:]   # the first prints lower_statistics' program
+    else:
+        own["m"], own["inv_l"] = torch.empty(batch, m, **f32), torch.empty(batch, m, **f32)
     # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for
     slots = [i for kernel in plan.kernels for i in kernel.input_grads]
     own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
                 for j in range(len(slots))})
-    dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
-    dtypes = tuple(str(t.dtype) for t in inputs)
-    with torch.cuda.device(device) if device.type == "cuda" else _launching():
-        for kernel in plan.kernels:
-            fn = load_kernel(plan.source, kernel.name)
-            # the per-tile summaries of ids its loop's range reads, along the axis it loops over
-            summaries = {}
-
-            def run(tile, kernel=kernel, fn=fn, summaries=summaries):
-                bm, bn, warps, stages = tile
-                block = bn if kernel.per == "row" else bm
-                if block not in summaries:
-                    summaries[block] = [min_max_per_tile(inputs[i], axis, block) for i, axis in kernel.summaries]
-                values = LaunchValues(inputs, frame, None, [], summaries[block], tuple(symints))
-                grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
-                stores = {"STORE_DG": input_grads} if kernel.input_grads else {}
-                fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
-                         BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **stores)
-
-            run(_tile(plan, kernel, run, dtypes, device, frame))
+    with _on(device):
+        for kernel in kernels:
+            _launch(plan, kernel, own, inputs, frame, symints, input_grads)
     grads: dict = {}
     for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
         g = _as_input(own[name], inputs[where[0]], where)
@@ -115,6 +106,48 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
         result += [own[f"dg{j}"].view(*batch_sizes, m, n).sum_to_size(inputs[i].shape).to(inputs[i].dtype)
                    for j, i in enumerate(slots) if i is not None]
     return result
+
+
+def row_statistics(entry, inputs: list, frame: list, extras: list, symints=()) -> list:
+    """``[m, 1/l]`` (``[*batch, M]``, fp32) from the statistics kernel: the results of a training
+    forward that ran the region's own ops (a kernel that failed, sizes it cannot index), for the
+    fused backward that reads them. Left unset where the backward's kernels cannot index the sizes
+    either: its eager gradients do not read them."""
+    plan = entry.plan.backward
+    frame = [int(s) for s in frame]
+    f32 = dict(device=inputs[0].device, dtype=torch.float32)
+    own = {"m": torch.empty(frame[:-1], **f32), "inv_l": torch.empty(frame[:-1], **f32)}
+    if _kernels_fit(plan, frame):
+        with _on(inputs[0].device):
+            _launch(plan, plan.kernels[0], own, inputs, frame, symints)
+    return [own["m"], own["inv_l"]]
+
+
+def _on(device):
+    return torch.cuda.device(device) if device.type == "cuda" else _launching()
+
+
+def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False) -> None:
+    """Launch one backward kernel on the tensors ``own`` (by the names the programs give them) and
+    the forward's ``inputs``, at the tile the tuner chose for it."""
+    *batch_sizes, m, n = frame
+    batch = math.prod(batch_sizes)
+    dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+    fn = load_kernel(plan.source, kernel.name)
+    summaries = {}  # the per-tile summaries of ids its loop's range reads, along the axis it loops over
+
+    def run(tile):
+        bm, bn, warps, stages = tile
+        block = bn if kernel.per == "row" else bm
+        if block not in summaries:
+            summaries[block] = [min_max_per_tile(inputs[i], axis, block) for i, axis in kernel.summaries]
+        values = LaunchValues(inputs, frame, None, [], summaries[block], tuple(symints))
+        grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
+        stores = {"STORE_DG": input_grads} if kernel.input_grads else {}
+        fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
+                 BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **stores)
+
+    run(_tile(plan, kernel, run, tuple(str(t.dtype) for t in inputs), inputs[0].device, frame))
 
 
 def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
@@ -141,4 +174,4 @@ def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:
     return list(vjp(grad))
 
 
-__all__ = ["fused_backward_applies", "run_backward"]
+__all__ = ["fused_backward_applies", "row_statistics", "run_backward"]

@@ -15,6 +15,7 @@ region's own subgraph with eager autograd.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 import weakref
@@ -40,6 +41,13 @@ class RegisteredRegion:
     def __post_init__(self):
         self.launcher = Launcher(self.plan, self.kernel)
 
+    @functools.cached_property
+    def training_launcher(self) -> Launcher:
+        """The launcher of the forward that also stores the row statistics (``plan.training``)."""
+        from .cache import load_kernel
+
+        return Launcher(self.plan.training, load_kernel(self.plan.training.source, self.plan.training.name))
+
     def split(self, sizes):
         """(frame sizes, [shape of each output], extra integer sizes) from ``sizes``."""
         nf = self.plan.frame_rank + 2
@@ -53,12 +61,16 @@ class RegisteredRegion:
         ints, floats = iter(self.split(sizes)[2]), iter(scalars)
         return [next(floats) if f else next(ints) for f in self.extra_is_float]
 
-    def run(self, inputs, sizes, scalars, views=None) -> list:
-        """``views``: the view chains folded into a direct call (``launch.replay_views``)."""
+    def run(self, inputs, sizes, scalars, views=None, statistics: bool = False) -> list:
+        """``views``: the view chains folded into a direct call (``launch.replay_views``);
+        ``statistics``: run the training forward (``plan.training``), whose results end with the
+        row statistics ``m`` and ``1/l`` (``[*batch, M]``, fp32) that the fused backward reads."""
         frame, shapes, _ = self.split(sizes)
         if self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame)):
             try:
                 with stage("launch", PinRefused):
+                    if statistics:  # no eager candidate: the region's own ops give no statistics
+                        return self.training_launcher(inputs, sizes, frame, [*shapes, frame[:-1], frame[:-1]])
                     return self.launcher(inputs, sizes, frame, shapes, views,
                                          own_ops=lambda: self.reference(*replay_views(inputs, views),
                                                                         *self.extras(sizes, scalars)))
@@ -67,7 +79,12 @@ class RegisteredRegion:
                 warn(exc, "this region runs as eager PyTorch from now on")
         # nothing to tile (eager's semantics for empty sums), sizes so large that the kernel's
         # int32 index arithmetic could overflow, or a kernel that failed: the replaced ops as they were
-        return list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
+        results = list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
+        if statistics:  # from the backward's own statistics kernel (runtime/backward.py)
+            from .backward import row_statistics
+
+            results += row_statistics(self, inputs, frame, self.extras(sizes, scalars), self.plan.symints(sizes))
+        return results
 
 
 # A region lives as long as a graph that calls it: ``owned`` maps each graph (weakly) to the
@@ -100,15 +117,39 @@ def registered(key: str) -> RegisteredRegion:
 
 
 @torch.library.custom_op("fxflash::region", mutates_args=())
-def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list[float]) -> list[torch.Tensor]:
-    return registered(key).run(inputs, sizes, scalars)
+def region(key: str, inputs: list[torch.Tensor], sizes: list[int], scalars: list[float],
+           statistics: bool) -> list[torch.Tensor]:
+    return registered(key).run(inputs, sizes, scalars, statistics=statistics)
 
 
 @region.register_fake
-def _region_fake(key, inputs, sizes, scalars):
+def _region_fake(key, inputs, sizes, scalars, statistics):
     entry = registered(key)
-    _, shapes, _ = entry.split(sizes)
+    frame, shapes, _ = entry.split(sizes)
+    if statistics:
+        return empty_results(entry.plan.training, [*shapes, frame[:-1], frame[:-1]], inputs[0])
     return empty_results(entry.plan, shapes, inputs[0])
+
+
+def _keeps_statistics(key: str, inputs: list) -> bool:
+    """Will autograd record this call, and its backward take the fused kernels, which read the row
+    statistics that the training forward stores (decided from the inputs' devices and which need
+    gradients, also while a compiler traces the call)?"""
+    from .backward import fused_backward_applies
+
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return False
+    entry = registered(key)
+    return entry.plan.training is not None and fused_backward_applies(entry, inputs, [t.requires_grad for t in inputs])
+
+
+def training_call(key: str, inputs: list, sizes: list, scalars: list) -> list:
+    """A fused region called from a graph that a compiler traces with autograd (the backend's
+    inner Inductor): the training forward where the fused backward will read its statistics,
+    which the call's results then leave out."""
+    statistics = _keeps_statistics(key, inputs)
+    results = region(key, inputs, sizes, scalars, statistics)
+    return results[:-2] if statistics else results
 
 
 def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) -> list:
@@ -121,44 +162,51 @@ def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) 
             or any(type(t) is not torch.Tensor for t in inputs)
             or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
             or torch.compiler.is_compiling()):
-        return region(key, replay_views(inputs, views), sizes, scalars)
+        return training_call(key, replay_views(inputs, views), sizes, scalars)
     return registered(key).run(inputs, sizes, scalars, views)
 
 
 @torch.library.custom_op("fxflash::region_backward", mutates_args=())
 def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, grad: torch.Tensor,
-                    sizes: list[int], scalars: list[float], input_grads: bool) -> list[torch.Tensor]:
+                    sizes: list[int], scalars: list[float], input_grads: bool,
+                    statistics: list[torch.Tensor]) -> list[torch.Tensor]:
     """The fused backward of region ``key`` (runtime/backward.py): the gradients of the inputs it
     reads as Q, K and V (``BackwardPlan.inputs``), then with ``input_grads`` those of the inputs
-    its score chain reads as they are (``BackwardPlan.input_grads``), shaped as those inputs."""
+    its score chain reads as they are (``BackwardPlan.input_grads``), shaped as those inputs.
+    ``statistics``: ``[m, 1/l]`` as the training forward stored them, or empty (then computed)."""
     from .backward import run_backward
 
     entry = registered(key)
     return run_backward(entry, inputs, out, grad, entry.split(sizes)[0], entry.extras(sizes, scalars),
-                        entry.plan.symints(sizes), input_grads)
+                        entry.plan.symints(sizes), input_grads, statistics)
 
 
 @region_backward.register_fake
-def _region_backward_fake(key, inputs, out, grad, sizes, scalars, input_grads):
+def _region_backward_fake(key, inputs, out, grad, sizes, scalars, input_grads, statistics):
     plan = registered(key).plan.backward
     return [inputs[i].new_empty(inputs[i].shape) for i in (*plan.inputs, *(plan.input_grads if input_grads else ()))]
 
 
 def _setup_context(ctx, inputs, output):
-    key, tensors, sizes, scalars = inputs
+    key, tensors, sizes, scalars, statistics = inputs
     ctx.key = key
     ctx.sizes, ctx.scalars = sizes, scalars
     ctx.extra = registered(key).extras(sizes, scalars)
     # the gradient of ``scalars`` must have its structure: an empty list stays a list
     ctx.no_scalars = [] if not scalars else None
     ctx.needs = [t.requires_grad for t in tensors]
-    ctx.save_for_backward(*tensors, output[0])
+    ctx.statistics = 2 if statistics else 0   # the results' last two: m and 1/l (no gradient)
+    if statistics:
+        ctx.mark_non_differentiable(*output[-2:])
+    ctx.save_for_backward(*tensors, output[0], *output[len(output) - ctx.statistics:])
 
 
 def _backward(ctx, grads_out):
     from .backward import fused_backward_applies
 
-    *tensors, out = ctx.saved_tensors
+    saved = ctx.saved_tensors
+    tensors, out, statistics = saved[:len(ctx.needs)], saved[len(ctx.needs)], saved[len(ctx.needs) + 1:]
+    grads_out = grads_out[:len(grads_out) - ctx.statistics]
     entry = registered(ctx.key)
     if grads_out[0] is not None and all(g is None for g in grads_out[1:]) \
             and fused_backward_applies(entry, tensors, ctx.needs):
@@ -166,10 +214,10 @@ def _backward(ctx, grads_out):
         input_grads = any(ctx.needs[i] for i in plan.input_grads)
         given = (*plan.inputs, *(plan.input_grads if input_grads else ()))
         for i, g in zip(given, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes, ctx.scalars,
-                                               input_grads)):
+                                               input_grads, list(statistics))):
             if ctx.needs[i]:
                 grads[i] = g if grads[i] is None else grads[i] + g   # a bias that is also V, say
-        return None, grads, None, ctx.no_scalars
+        return None, grads, None, ctx.no_scalars, None
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, ctx.needs)]
         outs = registered(ctx.key).reference(*leaves, *ctx.extra)
@@ -177,7 +225,7 @@ def _backward(ctx, grads_out):
         wanted = [leaf for leaf, need in zip(leaves, ctx.needs) if need]
         grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
                      if pairs else [None] * len(wanted))
-    return None, [next(grads) if need else None for need in ctx.needs], None, ctx.no_scalars
+    return None, [next(grads) if need else None for need in ctx.needs], None, ctx.no_scalars, None
 
 
 region.register_autograd(_backward, setup_context=_setup_context)

@@ -10,7 +10,7 @@ import torch.fx as fx
 from ..patterns.region import FusionRefused, Region
 from ..codegen.emit import KernelPlan
 from .launch import FOLDED_VIEWS
-from .op import RegisteredRegion, call_region, owned, register, registered
+from .op import RegisteredRegion, call_region, owned, register, registered, training_call
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -67,9 +67,20 @@ def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
                 base, chain = _view_chain(arg) if i not in summarized else (arg, ())
                 inputs.append(base)
                 views.append(chain)
-            if any(views):
-                node.args = (node.args[0], inputs, *node.args[2:4], tuple(views))
+            node.args = (node.args[0], inputs, *node.args[2:4], tuple(views) if any(views) else None)
     copy.graph.eliminate_dead_code()
+    copy.recompile()
+    return copy
+
+
+def with_training_calls(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose region calls go through ``training_call``, for a compiler that traces
+    the graph with autograd (Inductor's AOTAutograd): where a call's backward is the fused one, the
+    trace records the training forward, which stores the row statistics that backward reads."""
+    copy, _ = copy_graph(gm)
+    for node in copy.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
+            node.target, node.args = training_call, node.args[:4]
     copy.recompile()
     return copy
 
@@ -183,7 +194,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         sizes = (frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
                  + [node_map[n] for n in plan.sym_nodes])
         scalars = [node_map[n] for n, f in zip(extra, is_float) if f]
-        call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes, scalars))
+        call = gm.graph.call_function(torch.ops.fxflash.region.default, (key, inputs, sizes, scalars, False))
         call.meta["val"] = [r.meta["val"] for r in results]
         for i, result in enumerate(results):
             item = gm.graph.call_function(operator.getitem, (call, i))

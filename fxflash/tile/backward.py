@@ -125,14 +125,14 @@ def _n(a):
 
 def with_statistics(program: TileProgram, region: Region) -> TileProgram:
     """The forward ``program`` that also stores each row's maximum and ``1/l`` (the backward's P)."""
-    m, l = _softmax(region)[:2]
+    m, l = softmax_form(region)[:2]
     epilogue = (*program.epilogue, Map("inv_l", "div", (1.0, l.name), "row"))
     return TileProgram(program.name, program.frame, program.prologue, program.skips, program.body, epilogue,
                        (*program.stores, Store(m.name, "m", "row values"), Store("inv_l", "inv_l", "row values")),
                        program.streams)
 
 
-def _softmax(r: Region) -> tuple:
+def softmax_form(r: Region) -> tuple:
     """(max node, sum node, x: the softmax's input): a region of the form ``softmax(x)·V``."""
     if r.partners or r.split is not None:
         raise BackwardRefused("several score contractions or softmax streams")
@@ -242,7 +242,7 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
     forward's score chain and online softmax without P·V (the backward's first program, while the
     forward kernel does not store them itself)."""
     r = region
-    _, _, x = _softmax(r)
+    _, _, x = softmax_form(r)
     lowering = _Lowering(r, kinds, printable)
     body = [lowering._operand("k", r.k, "keys", r.D, key_side=True), Dot(r.frame.name, "q", "k")]
     lowering.bound.add(r.frame)
@@ -263,7 +263,7 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
     """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring)."""
     r = region
-    _, _, x = _softmax(r)
+    _, _, x = softmax_form(r)
     chain = _chain(r, x)
     loaded = _loaded(r, chain, kinds, printable)
     derivative, grads = _derivative(r, chain, loaded)
