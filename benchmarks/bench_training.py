@@ -48,6 +48,9 @@ def _paths(mask: str, seq: int) -> dict:
         "flex": lambda q, k, v: flex(q, k, v, block_mask=block),
         "fxflash.optimize": fxflash.optimize(user),
         "backend": torch.compile(user, backend="fxflash"),
+        # the inference forward, the row statistics computed again by the backward's own kernel
+        # (config.forward_statistics off: what the training forward replaced)
+        "fxflash.optimize, statistics pass": fxflash.optimize(user),
         # the region's own ops recomputed with eager autograd (what the fused backward replaced); at
         # 4k only, its [B, H, L, L] intermediates take tens of GB
         **({"fxflash.optimize, eager recompute": fxflash.optimize(user)} if seq <= 4096 else {}),
@@ -77,6 +80,7 @@ def main() -> None:
             reference = None
             for name, fn in paths.items():
                 fxflash.config.fused_backward = not name.endswith("eager recompute")
+                fxflash.config.forward_statistics = not name.endswith("statistics pass")
                 _step(fn, q, k, v, grad)   # compile and tune outside the timing
                 grads = [t.grad.float() for t in (q, k, v)]
                 reference = reference or grads

@@ -34,6 +34,9 @@ class Config:
     fused_backward:  a fused region's backward runs its generated kernels where it has them
                      (runtime/backward.py); ``FXFLASH_FUSED_BACKWARD=0`` recomputes the region's
                      own ops with eager autograd instead (for A/B measurements).
+    forward_statistics: where the fused backward will run, the forward stores the row statistics
+                     it reads (``KernelPlan.training``); ``FXFLASH_FORWARD_STATISTICS=0`` runs the
+                     inference forward and leaves them to the backward's own kernel (A/B).
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
@@ -126,6 +129,7 @@ class Config:
     precompile: bool = os.environ.get("FXFLASH_PRECOMPILE", "1") != "0"
     time_eager: bool = os.environ.get("FXFLASH_TIME_EAGER", "1") != "0"
     fused_backward: bool = os.environ.get("FXFLASH_FUSED_BACKWARD", "1") != "0"
+    forward_statistics: bool = os.environ.get("FXFLASH_FORWARD_STATISTICS", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"

@@ -169,6 +169,21 @@ def test_dynamic_shapes_train_through_the_fused_backward():
         assert [r.backward for report in reports for r in report.regions if r.fused] == ["fused"]
 
 
+def test_inductor_compiles_the_training_forward_and_the_fused_backward(monkeypatch):
+    """The backend's inner Inductor traces the joint graph through ``training_call``: the forward
+    that stores the statistics, then the fused backward reading them, whose gradients have the
+    layout its fake implementation promised (Inductor checks it; K is read transposed)."""
+    import fxflash.runtime.backward as backward
+
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(len(a[8])) or run(*a, **k))
+    variant = VARIANTS["vanilla"]
+    compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="inductor"), dynamic=True)
+    assert_gradients_accurate(variant.fn, compiled, variant.inputs(SHAPE), wrt=(0, 1, 2))
+    assert calls == [2]
+
+
 def test_activation_checkpointing_recomputes_the_fused_forward():
     """Under torch.utils.checkpoint the region runs again in the backward, then its fused backward;
     the first call compiles inside the checkpoint (the capture's own saved tensors are not the

@@ -432,6 +432,29 @@ def test_two_stream_gluon_kernel_on_gpu(name, d, tile, dtype):
         assert_accurate(variant.fn, args, _pinned_call(fast, args, tile))
 
 
+@needs_hopper
+@pytest.mark.parametrize("tile", GLUON_CONFIGS[64][:2], ids=lambda t: "x".join(map(str, t[1:])))
+@pytest.mark.parametrize("name", ["vanilla", "causal", "gqa_expand", "softcap", "key_padding", "padded"])
+def test_gluon_training_forward_stores_the_backward_statistics_on_gpu(name, tile, monkeypatch):
+    """The Gluon kernel's training forward (its configuration pinned) stores each row's m and 1/l,
+    and the fused backward reading them gives eager's gradients; "padded": rows a finfo.min mask
+    empties, which the repair kernel computes and stores again."""
+    import fxflash.runtime.backward as backward
+    from test_fused_backward import padded, padded_keep
+
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(len(a[8])) or run(*a, **k))
+    s = GLUON_SHAPES[64]
+    if name == "padded":
+        fn, args = padded, (*VARIANTS["vanilla"].inputs(s, torch.bfloat16, "cuda"), padded_keep(s.M, s.N, "cuda"))
+    else:
+        fn, args = VARIANTS[name].fn, VARIANTS[name].inputs(s, torch.bfloat16, "cuda")
+    fast = fxflash.optimize(fn, inner="eager")
+    assert_gradients_accurate(fn, lambda *a: _pinned_call(fast, a, tile), args, wrt=(0, 1, 2))
+    assert calls and all(n == 2 for n in calls)   # the statistics came from the forward
+
+
 # Why a pinned Gluon configuration cannot run beside a TMA-read score tile (gluon_launch.launch_refusal).
 SCORE_TILE_REFUSALS = ("exceed shared memory", "power-of-two number of consumers")
 

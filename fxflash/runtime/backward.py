@@ -61,7 +61,10 @@ def _as_input(grad: torch.Tensor, like: torch.Tensor, where: tuple) -> torch.Ten
     grad = grad.reshape(*batch, *grad.shape[-2:])
     if transposed:
         grad = grad.transpose(-1, -2)
-    return grad.to(like.dtype).reshape(like.shape)
+    # contiguous, as the op's fake implementation promises: one copy that casts and lays out
+    if grad.dtype != like.dtype or not grad.is_contiguous():
+        grad = torch.empty(grad.shape, dtype=like.dtype, device=grad.device).copy_(grad)
+    return grad.reshape(like.shape)
 
 
 def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, frame: list, extras: list,

@@ -135,9 +135,10 @@ def _keeps_statistics(key: str, inputs: list) -> bool:
     """Will autograd record this call, and its backward take the fused kernels, which read the row
     statistics that the training forward stores (decided from the inputs' devices and which need
     gradients, also while a compiler traces the call)?"""
+    from ..config import config
     from .backward import fused_backward_applies
 
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+    if not (config.forward_statistics and torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
         return False
     entry = registered(key)
     return entry.plan.training is not None and fused_backward_applies(entry, inputs, [t.requires_grad for t in inputs])
