@@ -133,15 +133,16 @@ def test_training_through_the_backend_uses_the_fused_backward(monkeypatch):
 
 @pytest.mark.fusion_independent  # prints the region's backward itself, as the pipeline would
 @pytest.mark.parametrize("name,ranged", [
-    ("causal", {"stats": True, "dkdv": True, "dq": True}),
-    ("sliding_window", {"stats": True, "dkdv": True, "dq": True}),
-    ("document_mask", {"stats": True, "dkdv": False, "dq": True}),   # ids: bounded along the keys only
-    ("vanilla", {"stats": False, "dkdv": False, "dq": False}),
+    ("causal", {"stats": (True, True), "dkdv": (True, True), "dq": (True, True)}),
+    ("sliding_window", {"stats": (True, True), "dkdv": (True, True), "dq": (True, True)}),
+    # ids: bounded along the keys only
+    ("document_mask", {"stats": (True, True), "dkdv": (False, False), "dq": (True, True)}),
+    ("vanilla", {"stats": (False, False), "dkdv": (False, False), "dq": (False, False)}),
 ])
 def test_the_masks_bound_the_backward_loops(name, ranged):
     """Each loop visits only the tiles a -inf mask leaves, by the masks' intervals (as the
     forward's): over the keys for the statistics and dQ, over the rows for dK and dV where the mask is
-    computed from indices alone."""
+    computed from indices alone; the whole tiles every mask keeps run with the masks folded away."""
     from fxflash.codegen import emit_kernel
     from fxflash.codegen.backward import emit_backward
     from fxflash.codegen.printers import PRINTERS
@@ -150,7 +151,8 @@ def test_the_masks_bound_the_backward_loops(name, ranged):
     variant = VARIANTS[name]
     region, kinds = region_and_kinds(variant.fn, *variant.inputs(SHAPE))
     plan = emit_backward(region, kinds, emit_kernel(region, kinds), PRINTERS)
-    got = {k.name.rsplit("_", 1)[-1]: k.ranged for k in plan.kernels if k.name.rsplit("_", 1)[-1] in ranged}
+    got = {k.name.rsplit("_", 1)[-1]: (k.ranged, k.full_tiles) for k in plan.kernels
+           if k.name.rsplit("_", 1)[-1] in ranged}
     assert got == ranged
 
 

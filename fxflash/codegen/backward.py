@@ -81,6 +81,7 @@ class BackwardKernel:
     args: list
     summaries: tuple = ()  # (input, axis): per-tile minima and maxima its loop's range reads (KernelPlan.summaries)
     ranged: bool = False   # its loop visits only the tiles the masks leave (tile_range)
+    full_tiles: bool = False  # … and those every mask keeps whole with the masks folded away (full_loop)
     input_grads: tuple = ()  # per gradient tile it stores, the input it belongs to (by name, then
                              # by index; None: a value the kernels compute, not an input)
 
@@ -297,6 +298,7 @@ class _Kernel:
         ranges.update({f"fb{i}": (f"fb{i}", f"fb{i}") for i in range(len(vp.frame_shape) - 2)})
         ip = IntervalPrinter(vp, ranges, KEY_TILES, axis)
         empty = []
+        full = []
         for skip in prog.skips:
             node = self.nodes[skip.condition]
             if not over_keys and not _from_indices(node, vp.kinds):
@@ -308,6 +310,7 @@ class _Kernel:
             if not iv.is_bool:
                 return None
             empty.append(f"({iv.must})" if skip.masked_when else f"(~({iv.may}))")
+            full.append(f"(~({iv.may}))" if skip.masked_when else f"({iv.must})")
         # over row tiles every line is computed per chunk: the interval printer takes the row
         # tile's bounds for constants of its own (a remainder's range, broadcast from ``m_lo``)
         once, varying = ip.split_lines() if over_keys else ([], ip.lines)
@@ -321,9 +324,39 @@ class _Kernel:
                  f"live = ({t} < n_tiles) & ~({' | '.join(empty)})",
                  f"lo_t = tl.minimum(lo_t, tl.min(tl.where(live, {t}, n_tiles), 0))",
                  f"hi_t = tl.maximum(hi_t, tl.max(tl.where(live, {t} + 1, 0), 0))"]
+        # the whole tiles (inside the size) where every skip mask keeps every score: one run
+        # [f_lo, f_hi) visited with the masks folded away (full_loop), as the forward's
+        chunk += [f"full = live & ({t} < {size} // {block}) & {' & '.join(full)}",
+                  f"f_lo = tl.minimum(f_lo, tl.min(tl.where(full, {t}, n_tiles), 0))",
+                  f"f_hi = tl.maximum(f_hi, tl.max(tl.where(full, {t} + 1, 0), 0))",
+                  "n_full += tl.sum(full.to(tl.int32), 0)"]
         return [*own, *once, f"n_tiles = tl.cdiv({size}, {block}).to(tl.int32)", "lo_t = n_tiles",
-                "hi_t = n_tiles * 0", f"for c0 in range(0, n_tiles, {scan}):", *("    " + line for line in chunk),
-                "hi_t = tl.maximum(hi_t, lo_t)"]
+                "hi_t = n_tiles * 0", "f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0",
+                f"for c0 in range(0, n_tiles, {scan}):", *("    " + line for line in chunk),
+                "hi_t = tl.maximum(hi_t, lo_t)", "one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
+                "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+
+    def full_loop(self, loop: list, over_keys: bool) -> list | None:
+        """The loop body for a full tile: each skip mask's condition the constant it is there (Triton
+        folds its ``where`` away, and the index arithmetic that fed it), and ``valid`` only the
+        program's own tile's bound (the loop's tile is whole). None where a condition is not a
+        line of its own."""
+        # each condition's variables, as the forward's value printer recorded them (emit's mask_conds)
+        printed = {skip: self.vp.mask_conds.get(self.nodes[skip.condition], ()) for skip in self.program.skips}
+        if not all(printed.values()):
+            return None
+        constants = {f"{code} = ": f"{code} = tl.full([1, 1], {0 if skip.masked_when else 1}, tl.int1)"
+                     for skip, codes in printed.items() for code in codes}
+        body, found = [], set()
+        for line in loop:
+            head = next((h for h in constants if line.startswith(h)), None)
+            if head is not None:
+                found.add(head)
+                line = constants[head]
+            elif line.startswith("valid = "):
+                line = f"valid = {ROW} < M" if over_keys else "valid = col_ok"
+            body.append(line)
+        return body if found == set(constants) else None
 
     # -- the function --------------------------------------------------------------------
     def print(self, out_dtype) -> BackwardKernel:
@@ -368,11 +401,18 @@ class _Kernel:
             self.op(op, post)
         ranged = self.tile_range(prog) if prog.loop else None
         body = head + vp.pre + pre + (ranged or [])
+        full = None
         if prog.loop:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
-            lo, hi = (f"lo_t * {step}", f"hi_t * {step}") if ranged else ("0", stop)
-            body.append(f"for {start} in range({lo}, {hi}, {step}):")
-            body += ["    " + line for line in loop]
+            full = self.full_loop(loop, prog.loop == "key") if ranged else None
+            if full is None:   # [lo_t, hi_t), or every tile
+                runs = [((f"lo_t * {step}", f"hi_t * {step}") if ranged else ("0", stop), loop)]
+            else:              # masked, full (masks folded), masked
+                runs = [((f"lo_t * {step}", f"f_lo * {step}"), loop), ((f"f_lo * {step}", f"f_hi * {step}"), full),
+                        ((f"f_hi * {step}", f"hi_t * {step}"), loop)]
+            for (lo, hi), lines in runs:
+                body.append(f"for {start} in range({lo}, {hi}, {step}):")
+                body += ["    " + line for line in lines]
         else:
             body += loop
         body += post
@@ -381,7 +421,7 @@ class _Kernel:
                   "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
         return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
-                              input_grads=tuple(self.input_grads))
+                              full_tiles=full is not None, input_grads=tuple(self.input_grads))
 
 
 def _from_indices(node: fx.Node, kinds: dict) -> bool:
