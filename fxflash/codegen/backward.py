@@ -1,8 +1,9 @@
 """The backward kernels of a fused region, printed from its backward tile programs.
 
 ``emit_backward`` prints one Triton module of four kernels, each from one tile program of
-``tile/backward.py``: the row statistics ``m`` and ``1/l`` (``lower_statistics``: the forward
-kernel does not store them), Δ, dK and dV per key tile, and dQ per row tile. The printer walks each program's
+``tile/backward.py``: the row statistics ``m`` and ``1/l`` (``lower_statistics``, launched only
+after a forward that did not store them: KernelPlan.training does), Δ, dK and dV per key tile,
+and dQ per row tile. The printer walks each program's
 operations in order and prints them from a table (``_MAPS``); the values of the score chain
 (its loads, index expressions and elementwise ops, named by the region's FX nodes) are printed
 by the forward's value printer (``emit._Printer``), so a bias, a mask or a softcap is recomputed

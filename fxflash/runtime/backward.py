@@ -1,4 +1,5 @@
-"""Launching a region's fused backward (codegen/backward.py): row statistics, Δ, dK and dV, dQ.
+"""Launching a region's fused backward (codegen/backward.py): Δ, dK and dV, dQ, and the row
+statistics where the forward did not store them (``row_statistics``).
 
 ``run_backward`` takes the forward op's inputs, its result O and the incoming gradient dO, and
 returns the gradients of the tensors the kernel reads as Q, K and V, shaped as those inputs.

@@ -1,12 +1,13 @@
 """The ``fxflash::region`` custom op: one fused region, opaque to Dynamo, AOTAutograd, Inductor.
 
-``region(key, inputs, sizes, scalars)`` runs the generated kernel registered under ``key`` on
+``region(key, inputs, sizes, scalars, statistics)`` runs the generated kernel registered under ``key`` on
 ``inputs`` (the tensors the kernel reads). ``sizes`` holds the frame sizes ``[*batch, M, N]``,
 then the shapes of the results, then the integer sizes the region's own ops read (symbolic
 under ``dynamic=True``), then those the kernel reads at run time (``KernelPlan.sym_nodes``); ``scalars`` the float values they read (``size(-1) ** -0.5``). It
 returns ``[result, *row values]``: the result is a new tensor, contiguous or in eager's
 layout of the region's last op; the row values (a logsumexp returned by the user's code)
-are contiguous. Its fake implementation gives the shape and
+are contiguous; with ``statistics`` (the training forward, ``training_call``) two more follow, each
+row's softmax maximum and ``1/sum`` for the fused backward. Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula runs the region's fused backward
 (``fxflash::region_backward``, runtime/backward.py) where it has one and the inputs asking for
 gradients are ones it gives (Q, K, V, a bias the scores read); otherwise it recomputes the
