@@ -13,9 +13,10 @@ SHAPE = Shape(B=2, H=4, Hkv=2, M=29, N=37, D=24, Dv=12)   # odd sizes, GQA, M â‰
 # the variants whose every region's backward is fused; the others, with the reason they give
 FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum_bshd", "gqa_repeat_interleave",
          "gqa_expand", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal",
-         "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask"]
+         "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
+         "sigmoid_attention", "relu_attention"]   # the last two: P an elementwise function of the scores
 EAGER = {"diff_attention": "several score contractions", "evoformer_row": "ops after PÂ·V",
-         "sigmoid_attention": "reductions other than one softmax", "softmax_one": "P other than the softmax's"}
+         "softmax_one": "P other than the softmax's", "retention_norm": "reductions other than one softmax"}
 
 
 def _fused_backward(name, args):
@@ -29,7 +30,8 @@ def _fused_backward(name, args):
 SIXTEEN_BIT = ("vanilla", "bshd", "gqa_expand", "alibi", "softcap", "causal", "document_mask", "key_padding",
                "key_lengths", "additive_mask")
 CASES = ([(name, torch.float32) for name in FUSED] + [(name, torch.float16) for name in SIXTEEN_BIT]
-         + [(name, torch.bfloat16) for name in ("vanilla", "gqa_expand", "softcap", "causal", "document_mask")])
+         + [(name, torch.bfloat16) for name in ("vanilla", "gqa_expand", "softcap", "causal", "document_mask",
+                                                "sigmoid_attention")])
 
 
 @pytest.mark.parametrize("name,dtype", CASES, ids=str)

@@ -17,7 +17,8 @@ SHAPE = Shape(B=2, H=3, Hkv=3, M=9, N=13, D=8, Dv=8)
 
 
 @pytest.mark.fusion_independent  # lowers the region itself, as the pipeline would
-@pytest.mark.parametrize("name", ["vanilla", "softcap", "alibi", "scale_q_first", "causal", "key_padding", "additive_mask"])
+@pytest.mark.parametrize("name", ["vanilla", "softcap", "alibi", "scale_q_first", "causal", "key_padding", "additive_mask",
+                                  "sigmoid_attention", "relu_attention"])
 def test_the_backward_programs_compute_autograds_gradients(name):
     variant = VARIANTS[name]
     inputs = variant.inputs(SHAPE)
@@ -34,7 +35,7 @@ def test_the_backward_programs_compute_autograds_gradients(name):
     torch.testing.assert_close(tensors[region.output.name].reshape(out.shape), out.detach())
     grad = torch.randn_like(out)
     tensors[f"d{region.output.name}"] = grad.reshape(tensors[region.output.name].shape)
-    for program in lower_backward(region, kinds, PRINTERS):
+    for program in lower_backward(region, kinds, PRINTERS):   # an elementwise P reads no statistics
         evaluate_tile_program(program, tensors, graph)
     expected = torch.autograd.grad(out, [leaves[names.index(o.node.name)] for o in (region.q, region.k, region.v)],
                                    grad)
@@ -46,7 +47,8 @@ def test_the_backward_programs_compute_autograds_gradients(name):
 
 def test_explain_shows_each_region_s_backward_or_why_not():
     """Three programs for a softmax region (dK and dV loop over the row tiles, skipping those the
-    forward's tile masks skip); a refusal naming the reason for one outside that form."""
+    forward's tile masks skip), two for an elementwise P; a refusal naming the reason for one
+    outside those forms."""
     variant = VARIANTS["causal"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
     delta, dkdv, dq = region.backward_programs[1:]
@@ -55,6 +57,9 @@ def test_explain_shows_each_region_s_backward_or_why_not():
     assert [op.transposed for op in dkdv.body if isinstance(op, ir.Accumulate)] == [True, True]
     assert "backward: fused, 4 kernels" in str(region)
     variant = VARIANTS["sigmoid_attention"]
+    (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
+    assert [p.name.rsplit("_", 1)[-1] for p in region.backward_programs] == ["dkdv", "dq"]
+    variant = VARIANTS["softmax_one"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
     assert not region.backward_programs and "softmax" in region.backward
     assert "backward: eager recompute" in str(region)

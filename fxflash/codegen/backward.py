@@ -29,7 +29,7 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..config import interpreting
 from ..tile import ir
-from ..tile.backward import BackwardRefused, lower_backward, lower_statistics
+from ..tile.backward import BackwardRefused, elementwise_form, lower_backward, lower_statistics
 from .emit import (COL, EXACT_FORMS, FLT_MAX, KEY_TILES, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed,
                    _scaled, module_source)
 from .intervals import IntervalPrinter, NoInterval
@@ -49,6 +49,7 @@ _MAPS = {
     "where": "tl.where({0}, {1}, {2})",
     "tanh_backward": "({0} * (1.0 - {1} * {1}))",       # ATen's: d tanh = g·(1 − y²)
     "sigmoid_backward": "({0} * {1} * (1.0 - {1}))",   # d sigmoid = g·y·(1 − y)
+    "threshold_backward": "tl.where({1} <= {2}, 0.0, {0})",  # ATen's: g where y > threshold
 }
 
 aten = torch.ops.aten
@@ -438,7 +439,9 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     r = region
     if r.q.widened or r.k.widened:
         raise BackwardRefused("Q and K widened to fp32 before the contraction")
-    programs = (lower_statistics(r, kinds, printable, name), *lower_backward(r, kinds, printable, name))
+    # the statistics program first, for a softmax (runtime/backward.py skips it after a training forward)
+    statistics = () if elementwise_form(r) is not None else (lower_statistics(r, kinds, printable, name),)
+    programs = (*statistics, *lower_backward(r, kinds, printable, name))
     options = plan.options
     kernels, lines, bound = [], [], (0, 0)
     out_dtype = r.output.meta["val"].dtype

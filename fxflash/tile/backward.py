@@ -20,6 +20,10 @@ kept apart rather than as ``L = m + log l``: for a row every key masks with a fi
 (``finfo.min``), ``m ≈ −3.4·10³⁸`` absorbs ``log l`` in fp32, and ``exp(x − L)`` would be 1 where
 eager's P is ``1/N``.
 
+Where P is an elementwise function of the scores with no row reduction (sigmoid or ReLU
+attention, ``elementwise_form``), the chain runs from S to P itself and ``dx`` is ``dP``: the
+programs are dK and dV and dQ alone, with no statistics and no Δ.
+
 The gradients are those of the region's own inputs: where the kernel reads a K or V expanded
 over a GQA group, each program's dK and dV are its head's, and the expand's own backward sums
 them. A loaded input of the score chain (a bias) gets its gradient tile too, stored by the dQ
@@ -108,6 +112,9 @@ DERIVATIVES = {
     aten.mul: _mul, aten.div: _div, aten.add: _add, aten.sub: lambda *a: _add(*a, sign=-1),
     aten.neg: lambda node, grad, deps, name: [(node.args[0], Map(name(node.args[0]), "neg", (grad,)))],
     aten.tanh: _unary("tanh_backward"), aten.sigmoid: _unary("sigmoid_backward"), aten.exp: _exp,
+    # ATen's threshold_backward(g, y, 0): g where relu's result is above 0
+    aten.relu: lambda node, grad, deps, name: [
+        (node.args[0], Map(name(node.args[0]), "threshold_backward", (grad, node.name, 0.0)))],
     aten.where: _where, aten._to_copy: _passes, aten.clone: _passes, aten.alias: _passes,
     aten.view: _passes, aten._unsafe_view: _passes, aten.reshape: _passes,
 }
@@ -124,7 +131,10 @@ def _n(a):
 
 
 def with_statistics(program: TileProgram, region: Region) -> TileProgram:
-    """The forward ``program`` that also stores each row's maximum and ``1/l`` (the backward's P)."""
+    """The forward ``program`` that also stores each row's maximum and ``1/l`` (the backward's P);
+    unchanged for an elementwise P, whose backward reads no statistics."""
+    if elementwise_form(region) is not None:
+        return program
     m, l = softmax_form(region)[:2]
     epilogue = (*program.epilogue, Map("inv_l", "div", (1.0, l.name), "row"))
     return TileProgram(program.name, program.frame, program.prologue, program.skips, program.body, epilogue,
@@ -156,6 +166,16 @@ def softmax_form(r: Region) -> tuple:
     if m is not maxes[0].node or maxes[0].source is not x:
         raise BackwardRefused(f"{e.name}: the exponent is not x − max(x)")
     return maxes[0].node, sums[0].node, x
+
+
+def elementwise_form(r: Region) -> fx.Node | None:
+    """P of a region whose P·V reads an elementwise function of the scores, with no row reduction
+    (sigmoid or ReLU attention): ``P = g(S)``, differentiated through the chain like the scores'
+    own ops, with no statistics and no Δ. None for any other region."""
+    if r.partners or r.split is not None or r.output_ops or r.side_outputs or r.reductions or r.epilogue:
+        return None
+    (sign, p, form), *more = r.terms
+    return p if not more and sign == 1 and not form.factors else None
 
 
 def _passes_gradient(node: fx.Node) -> bool:
@@ -261,9 +281,12 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
 
 
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
-    """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring)."""
+    """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring); for an
+    elementwise P (``elementwise_form``), (dK and dV, dQ): P recomputed through the chain, whose
+    derivative takes ``dP`` itself."""
     r = region
-    _, _, x = softmax_form(r)
+    p_node = elementwise_form(r)
+    x = softmax_form(r)[2] if p_node is None else p_node
     chain = _chain(r, x)
     loaded = _loaded(r, chain, kinds, printable)
     derivative, grads = _derivative(r, chain, loaded)
@@ -284,15 +307,21 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             ops += lowering._inputs(node, "scores")
             ops.append(Map(node.name, _op_name(node), lowering._args(node)))
             lowering.bound.add(node)
+        if p_node is not None:
+            return ops + [Map("p", "alias", (x.name,))]
         return ops + [Map("x_minus_m", "sub", (x.name, "m")), Map("e", "exp", ("x_minus_m",)),
                       Map("p", "mul", ("e", "inv_l"))]
 
     def gradient_of_x() -> list:
+        if p_node is not None:   # the chain ends at P: its gradient is dP
+            return [Map("dx", "alias", ("dp",))]
         return [Map("dp_minus_delta", "sub", ("dp", "delta")), Map("dx", "mul", ("p", "dp_minus_delta"))]
 
+    # the row values P reads: the statistics and Δ of a softmax, none of an elementwise P
+    row_values = () if p_node is not None else (
+        Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"), Load("delta", "delta", "row values"))
     kv = _Lowering(r, kinds, printable)
-    rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"),
-            Load("delta", "delta", "row values")]
+    rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values]
     dkdv = TileProgram(
         f"{name}_bwd_dkdv", frame,
         (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
@@ -305,10 +334,9 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(
         f"{name}_bwd_dq", frame,
-        (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"),
-         Load("delta", "delta", "row values")),
+        (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
         (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
          Dot("dp", "do", "v"), *gradient_of_x(), *derivative, *input_grads, Accumulate("dq_acc", "ds", "k")),
         tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
-    return delta, dkdv, dq
+    return (dkdv, dq) if p_node is not None else (delta, dkdv, dq)
