@@ -139,7 +139,7 @@ def test_training_through_the_backend_uses_the_fused_backward(monkeypatch):
     ("sliding_window", {"stats": (True, True), "dkdv": (True, True), "dq": (True, True)}),
     # ids: bounded along the keys only
     ("document_mask", {"stats": (True, True), "dkdv": (False, False), "dq": (True, True)}),
-    ("vanilla", {"stats": (False, True), "dkdv": (False, True), "dq": (False, True)}),   # whole tiles, no mask
+    ("vanilla", {"stats": (False, False), "dkdv": (False, False), "dq": (False, False)}),
 ])
 def test_the_masks_bound_the_backward_loops(name, ranged):
     """Each loop visits only the tiles a -inf mask leaves, by the masks' intervals (as the

@@ -83,7 +83,7 @@ class BackwardKernel:
     args: list
     summaries: tuple = ()  # (input, axis): per-tile minima and maxima its loop's range reads (KernelPlan.summaries)
     ranged: bool = False   # its loop visits only the tiles the masks leave (tile_range)
-    full_tiles: bool = False  # … and the whole tiles every mask keeps with the masks folded away (full_loop)
+    full_tiles: bool = False  # … and those every mask keeps whole with the masks folded away (full_loop)
     input_grads: tuple = ()  # per gradient tile it stores, the input it belongs to (by name, then
                              # by index; None: a value the kernels compute, not an input)
 
@@ -341,8 +341,8 @@ class _Kernel:
     def full_loop(self, loop: list, over_keys: bool) -> list | None:
         """The loop body for a full tile: each skip mask's condition the constant it is there (Triton
         folds its ``where`` away, and the index arithmetic that fed it), and ``valid`` only the
-        program's own tile's bound (the loop's tile is whole; with no skip mask, every whole
-        tile is full). None where a condition is not a line of its own."""
+        program's own tile's bound (the loop's tile is whole). None where a condition is not a
+        line of its own."""
         # each condition's variables, as the forward's value printer recorded them (emit's mask_conds)
         printed = {skip: self.vp.mask_conds.get(self.nodes[skip.condition], ()) for skip in self.program.skips}
         if not all(printed.values()):
@@ -406,16 +406,12 @@ class _Kernel:
         full = None
         if prog.loop:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
-            # full tiles are known where the skip masks bound the loop, or where there is none
-            full = self.full_loop(loop, prog.loop == "key") if ranged or not prog.skips else None
-            whole = f"({stop} // {step}) * {step}"
+            full = self.full_loop(loop, prog.loop == "key") if ranged else None
             if full is None:   # [lo_t, hi_t), or every tile
                 runs = [((f"lo_t * {step}", f"hi_t * {step}") if ranged else ("0", stop), loop)]
-            elif ranged:       # masked, full (masks folded), masked
+            else:              # masked, full (masks folded), masked
                 runs = [((f"lo_t * {step}", f"f_lo * {step}"), loop), ((f"f_lo * {step}", f"f_hi * {step}"), full),
                         ((f"f_hi * {step}", f"hi_t * {step}"), loop)]
-            else:              # no skip mask: the whole tiles, then the partial one
-                runs = [(("0", whole), full), ((whole, stop), loop)]
             for (lo, hi), lines in runs:
                 body.append(f"for {start} in range({lo}, {hi}, {step}):")
                 body += ["    " + line for line in lines]
