@@ -80,16 +80,22 @@ def _backward(region, kinds, plan):
 
 
 def _training_forward(region, kinds, plan):
-    """The region's forward printed again to store the row statistics ``m`` and ``1/l`` that its
-    fused backward reads (``KernelPlan.training``), reading the same inputs as ``plan``; None
-    where it cannot be printed: the backward then computes them itself, as it does after a
-    forward without them."""
+    """The region's forward printed again to store what its fused backward reads
+    (``KernelPlan.training``): a softmax's row statistics ``m`` and ``1/l``, and where ops follow
+    P·V the output before them; reading the same inputs as ``plan``. None where there is nothing
+    to store (an elementwise P with no ops after P·V) or it cannot be printed: a softmax's
+    backward then computes its statistics itself, a region with ops after P·V recomputes eagerly."""
     from .codegen import emit_kernel, gluon
-    from .tile.backward import softmax_form
+    from .tile.backward import elementwise_form, softmax_form
 
     try:
-        m, l, _ = softmax_form(region)
-        training = emit_kernel(region, kinds, plan.name, plan.options, statistics=(m, l))
+        if elementwise_form(region) is not None:
+            if not region.output_ops:
+                return None
+            statistics = ()
+        else:
+            statistics = softmax_form(region)[:2]
+        training = emit_kernel(region, kinds, plan.name, plan.options, statistics=statistics)
         if training.input_nodes != plan.input_nodes or training.sym_nodes != plan.sym_nodes:
             return None
         gluon.attach(training, region, kinds, statistics=True)

@@ -14,9 +14,10 @@ SHAPE = Shape(B=2, H=4, Hkv=2, M=29, N=37, D=24, Dv=12)   # odd sizes, GQA, M 鈮
 FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum_bshd", "gqa_repeat_interleave",
          "gqa_expand", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal",
          "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
-         "sigmoid_attention", "relu_attention"]   # the last two: P an elementwise function of the scores
-EAGER = {"diff_attention": "several score contractions", "evoformer_row": "ops after P路V",
-         "softmax_one": "P other than the softmax's", "retention_norm": "reductions other than one softmax"}
+         "sigmoid_attention", "relu_attention",   # P an elementwise function of the scores
+         "evoformer_row"]                         # a gate and a transpose after P路V
+EAGER = {"diff_attention": "several score contractions", "softmax_one": "P other than the softmax's",
+         "retention_norm": "reductions other than one softmax"}
 
 
 def _fused_backward(name, args):
@@ -89,6 +90,48 @@ def test_a_tensor_the_scores_read_gets_its_gradient_from_the_fused_backward(fn, 
     assert_gradients_accurate(fn, fxflash.optimize(fn), args, wrt=(0, 1, 2, 3))
     # the fused backward, asked for the input's gradient, reading the statistics the forward stored
     assert calls == [(True, 2)]
+
+
+def _gated(q, k, v, gate):
+    return (torch.softmax(q @ k.transpose(-1, -2) * 0.2, -1) @ v) * torch.sigmoid(gate)
+
+
+@pytest.mark.parametrize("name", ["evoformer_row", "gated", "gated_sigmoid_attention"])
+def test_ops_after_p_v_take_their_gradients_at_the_output_the_forward_kept(name, monkeypatch):
+    """A gate (and the Evoformer's transpose) after P路V: the training forward also stores O = P路V
+    before them, their backward is autograd's at it, and the kernels take dO from there; the gate
+    and the Evoformer's pair bias get their gradients too (the mask is computed in the kernel)."""
+    import fxflash.runtime.backward as backward
+
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(len(a[8])) or run(*a, **k))
+    if name == "evoformer_row":
+        fn, args, wrt, stored = VARIANTS[name].fn, VARIANTS[name].inputs(SHAPE), (0, 1, 2, 4, 5), 3
+    else:
+        q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
+        gate = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(1))
+        fn = _gated if name == "gated" else (lambda q, k, v, g: VARIANTS["sigmoid_attention"].fn(q, k, v)
+                                             * torch.sigmoid(g))
+        args, wrt, stored = (q, k, v, gate), (0, 1, 2, 3), 3 if name == "gated" else 1   # elementwise P: O only
+    assert _fused_backward_of(fn, *args) == ["fused"]
+    assert_gradients_accurate(fn, fxflash.optimize(fn), args, wrt=wrt)
+    assert calls == [stored]
+
+
+def test_ops_after_p_v_recompute_eagerly_without_the_training_forward(monkeypatch):
+    """With ``forward_statistics`` off the forward keeps no O before the gate: eager recomputation."""
+    import fxflash.runtime.backward as backward
+
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(1) or run(*a, **k))
+    monkeypatch.setattr(fxflash.config, "forward_statistics", False)
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
+    gate = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(1))
+    assert _fused_backward_of(_gated, q, k, v, gate) == ["fused"]
+    assert_gradients_accurate(_gated, fxflash.optimize(_gated), (q, k, v, gate), wrt=(0, 1, 2, 3))
+    assert not calls
 
 
 def test_a_tensor_the_kernel_computes_from_others_is_recomputed_eagerly():

@@ -78,6 +78,14 @@ def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
     assert_gradients_accurate(padded, fxflash.optimize(padded, inner="eager"), (q, k, v, keep), wrt=(0, 1, 2))
 
 
+def test_gradients_of_the_evoformer_s_gate_and_pair_bias_on_gpu():
+    """bf16: the ops after P·V (transpose, gate) differentiated at the output the training forward
+    kept; the gate's and the pair bias's gradients."""
+    variant = VARIANTS["evoformer_row"]
+    args = variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn, inner="eager"), args, wrt=(0, 1, 2, 4, 5))
+
+
 def test_bound_launches_follow_alignment_and_cuda_graphs():
     """A pointer off 16-byte alignment is launched through the JIT (another specialization),
     then bound; a bound launch captured in a CUDA graph replays onto new inputs."""

@@ -29,7 +29,7 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..config import interpreting
 from ..tile import ir
-from ..tile.backward import BackwardRefused, elementwise_form, lower_backward, lower_statistics
+from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
 from .emit import (COL, EXACT_FORMS, FLT_MAX, KEY_TILES, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed,
                    _scaled, module_source)
 from .intervals import IntervalPrinter, NoInterval
@@ -105,6 +105,7 @@ class BackwardPlan:
     index_bound: tuple
     programs: tuple
     input_grads: tuple = ()  # the input indices of the tensors whose gradients the dQ kernel can store
+    ops_after_pv: bool = False  # the programs read O and dO before the region's ops after P·V (runtime/op.Epilogue)
 
 
 class _ValuePrinter(_Printer):
@@ -444,7 +445,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     programs = (*statistics, *lower_backward(r, kinds, printable, name))
     options = plan.options
     kernels, lines, bound = [], [], (0, 0)
-    out_dtype = r.output.meta["val"].dtype
+    out_dtype = attention_output(r).meta["val"].dtype
     for program in programs:
         printer = _Kernel(r, kinds, options, program)
         kernel = printer.print(out_dtype)
@@ -472,7 +473,8 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
-    return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads)
+    return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
+                        ops_after_pv=bool(r.output_ops))
 
 
 def backward_tiles(d: int, dv: int, per: str) -> list:

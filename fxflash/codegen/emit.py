@@ -101,8 +101,9 @@ class KernelPlan:
                              # last sizes, in this order
     backward: object = None  # codegen.backward.BackwardPlan: the region's fused backward, or None
     backward_note: str = ""  # "fused", or "eager recompute: <why>" (explain())
-    training: "KernelPlan | None" = None  # the forward that also stores the row statistics the
-                             # backward reads (two fp32 row values after the region's own), or None
+    training: "KernelPlan | None" = None  # the forward that also stores what the backward reads
+                             # (its training_outputs after the region's own results), or None
+    training_outputs: tuple = ()  # a training forward's: "m", "inv_l" (fp32 rows), "o" ([*batch, M, Dv])
 
     def symints(self, sizes) -> tuple:
         """This call's values of ``sym_nodes``: the op's last sizes."""
@@ -766,11 +767,22 @@ class _Printer:
                           out_dtype, r.D, r.Dv, configs=tuple(configs),
                           index_bound=self.index_bound,
                           side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs)
-                          + (torch.float32,) * (2 if self.statistics is not None else 0),
+                          + tuple(dtype for _, dtype in self.training_outputs()),
+                          training_outputs=tuple(name for name, _ in self.training_outputs()),
                           partner_dims=tuple(p.d for p in r.partners),
                           out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
                           summaries=tuple(self.summaries), dv_split=self.dv_split,
                           unclassified=tuple(dict.fromkeys(self.unclassified)), sym_nodes=tuple(self.sym_nodes))
+
+    def training_outputs(self) -> tuple:
+        """(name, dtype) of each result the training forward stores after the region's own
+        (``statistics``, KernelPlan.training_outputs): a softmax's ``m`` and ``inv_l`` in fp32,
+        then where ops follow P·V, ``o``, the output before them, in its own dtype."""
+        if self.statistics is None:
+            return ()
+        r = self.r
+        return ((("m", torch.float32), ("inv_l", torch.float32)) if self.statistics else ()) + (
+            (("o", r.output_ops[0].args[0].meta["val"].dtype),) if r.output_ops else ())
 
     def bounded_accumulation(self) -> bool:
         """Can ``Σ P·V``, with P's row factors deferred past it, overflow only where eager's
@@ -983,7 +995,7 @@ class _Printer:
                     idx = self.node_idx(node)
                     self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
         rows = [self.vars[node].code for node in r.side_outputs]
-        if self.statistics is not None:
+        if self.statistics:
             # the backward's P = exp(x − m) · (1/l): the maximum the exponent was taken against
             # (natural units) and the reciprocal of the finished sum
             m, l = self.statistics
@@ -998,6 +1010,11 @@ class _Printer:
         parts = [("+" if sign > 0 else "-") + f" {acc}" + (f" * {c!r}" if c != 1.0 else "")
                  for (sign, _, _), acc, (_, c) in zip(terms, finished, self.term_factors)]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
+        if r.output_ops and self.statistics is not None:
+            # the training forward: O = P·V before the ops after it, for their backward (autograd's)
+            ptr = self.param(f"side{len(rows)}_ptr", ("side", len(rows)))
+            self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
+                             f"out.to({ptr}.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))")
         if r.output_ops:
             self.store_through_output_ops()
             return
@@ -1696,8 +1713,9 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     are constexprs) and its candidate tile configurations, with the kernel settings ``options``
     (``config``'s now where None). ``statistics``: the (max, sum) nodes of the region's softmax
     whose row statistics the kernel stores after the row values (the training forward: two more
-    fp32 rows, ``m`` and ``1/l``, ``KernelPlan.side_dtypes``). Raises Unprintable for an op with
-    no printer."""
+    fp32 rows, ``m`` and ``1/l``, then where ops follow P·V the output before them,
+    ``KernelPlan.side_dtypes``), or () for a P that needs none (elementwise). Raises Unprintable
+    for an op with no printer."""
     options = options or kernel_options()
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1

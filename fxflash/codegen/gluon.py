@@ -630,6 +630,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     if statistics:
         if r.side_outputs or len(sm.weights) > 1 or HOMOMORPHISMS[packet(sm.exp.target)].name != "exp":
             raise Unprintable("row statistics beside row values, of softmax streams or of an exp2")
+        if r.output_ops:   # its output before them is stored by the Triton kernel only
+            raise Unprintable("the training forward of a region with ops after P·V")
         pr.param("side0_ptr", ("side", 0))
         pr.param("side1_ptr", ("side", 1))
         store = STATISTICS_STORE + store  # the store of ``out`` stays last (_tma_store_lines)

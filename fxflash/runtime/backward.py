@@ -31,11 +31,15 @@ INT32_LIMIT = 2 ** 31
 
 def fused_backward_applies(entry, tensors, needs) -> bool:
     """Can this call's backward run the fused kernels (decided when autograd records the call,
-    also while a compiler traces it: from the tensors' devices and which need gradients only)?"""
+    also while a compiler traces it: from the tensors' devices and which need gradients only)?
+    A region with ops after P·V needs their graph (``Epilogue``) and a training forward."""
     plan = entry.plan.backward
     if plan is None or entry.failed is not None or not config.fused_backward:
         return False
-    if any(need and i not in plan.inputs and i not in plan.input_grads for i, need in enumerate(needs)):
+    if plan.ops_after_pv and (entry.epilogue is None or entry.plan.training is None):
+        return False
+    given = {*plan.inputs, *plan.input_grads, *(entry.epilogue.inputs if entry.epilogue is not None else ())}
+    if any(need and i not in given for i, need in enumerate(needs)):
         return False
     return interpreting() or tensors[0].device.type == "cuda"
 
@@ -73,13 +77,19 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     """The gradients of the inputs the kernel reads as Q, K and V (``plan.inputs``, in order;
     an input read as two of them gets the sum), then, with ``input_grads``, those of
     ``plan.input_grads`` (each summed from its [B·H, M, N] tiles over the axes it broadcasts
-    along). ``statistics``: ``[m, 1/l]`` as the training forward stored them (then the statistics
-    kernel does not run), or empty. Sizes the kernels cannot index recompute the region's own
-    ops with eager autograd."""
+    along), then those of the inputs the ops after P·V read (``Epilogue.inputs``). ``statistics``:
+    the training forward's ``training_outputs`` (with ``m`` and ``1/l`` the statistics kernel does
+    not run; with ``o``, the output before the ops after P·V, their backward is autograd's at it,
+    and the kernels read O and dO there), or empty. Sizes the kernels cannot index, and a region
+    whose kernel failed in the forward, recompute the region's own ops with eager autograd."""
     plan = entry.plan.backward
     frame = [int(s) for s in frame]
-    if not _kernels_fit(plan, frame):
+    if not _kernels_fit(plan, frame) or entry.failed is not None:
         return _eager_gradients(entry, inputs, grad, extras, input_grads)
+    named = dict(zip(entry.plan.training.training_outputs, statistics)) if statistics else {}
+    after_pv = []
+    if plan.ops_after_pv:   # dO and the epilogue inputs' gradients at O, from the ops' own backward
+        out, (grad, *after_pv) = named["o"], _epilogue_gradients(entry, inputs, named["o"], grad, extras)
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     device = out.device
@@ -89,8 +99,8 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}
     kernels = plan.kernels
-    if statistics:
-        own["m"], own["inv_l"] = statistics
+    if "m" in named:
+        own["m"], own["inv_l"] = named["m"], named["inv_l"]
         kernels = kernels[1:]   # the first prints lower_statistics' program
     else:
         own["m"], own["inv_l"] = torch.empty(batch, m, **f32), torch.empty(batch, m, **f32)
@@ -109,7 +119,22 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     if input_grads:
         result += [own[f"dg{j}"].view(*batch_sizes, m, n).sum_to_size(inputs[i].shape).to(inputs[i].dtype)
                    for j, i in enumerate(slots) if i is not None]
-    return result
+    return result + after_pv
+
+
+def _epilogue_gradients(entry, inputs: list, o: torch.Tensor, grad: torch.Tensor, extras: list) -> list:
+    """``[dO, *gradients of Epilogue.inputs]``: the backward of the region's ops after P·V (a gate,
+    a transpose; elementwise, cheap beside the kernels) at the output ``o`` before them, by
+    ``torch.func.vjp`` (autograd's dispatch is off inside the op)."""
+    epilogue = entry.epilogue
+    own_extras = [extras[j] for j in epilogue.extras]
+
+    def output(o, *xs):
+        given = dict(zip(epilogue.inputs, xs))
+        return epilogue.module(o, *(given.get(i, t) for i, t in enumerate(inputs)), *own_extras)[0]
+
+    _, vjp = torch.func.vjp(output, o, *(inputs[i] for i in epilogue.inputs))
+    return list(vjp(grad))
 
 
 def row_statistics(entry, inputs: list, frame: list, extras: list, symints=()) -> list:
@@ -168,7 +193,8 @@ def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:
     """The gradients from the region's own ops: ``torch.func.vjp``, which differentiates inside a
     custom op's implementation, where autograd's dispatch is turned off."""
     plan = entry.plan.backward
-    wanted = [*plan.inputs, *(plan.input_grads if input_grads else ())]
+    wanted = [*plan.inputs, *(plan.input_grads if input_grads else ()),
+              *(entry.epilogue.inputs if entry.epilogue is not None else ())]
 
     def result(*xs):
         given = dict(zip(wanted, xs))

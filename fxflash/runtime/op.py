@@ -30,12 +30,23 @@ from .launch import Launcher, PinRefused, empty_results, replay_views
 
 
 @dataclasses.dataclass
+class Epilogue:
+    """A region's ops after P·V (a gate, a transpose) as a graph of their own, for their backward:
+    ``module(O, *the op's inputs, *extras) → (output,)``."""
+
+    module: fx.GraphModule
+    extras: tuple   # the places among the region's extras (RegisteredRegion.extras) of those it reads
+    inputs: tuple   # the op's floating inputs it reads: their gradients come from its vjp
+
+
+@dataclasses.dataclass
 class RegisteredRegion:
     plan: KernelPlan
     kernel: object
     reference: fx.GraphModule  # (inputs, extras) → the region's outputs: the replaced ops
     out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
+    epilogue: Epilogue | None = None  # the ops after P·V, where the region has them and a fused backward
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
 
@@ -48,6 +59,11 @@ class RegisteredRegion:
         from .cache import load_kernel
 
         return Launcher(self.plan.training, load_kernel(self.plan.training.source, self.plan.training.name))
+
+    def training_shapes(self, frame) -> list:
+        """The shapes of the training forward's results after the region's own (``training_outputs``)."""
+        *rows, _ = frame
+        return [[*rows, self.plan.dv] if name == "o" else rows for name in self.plan.training.training_outputs]
 
     def split(self, sizes):
         """(frame sizes, [shape of each output], extra integer sizes) from ``sizes``."""
@@ -71,7 +87,7 @@ class RegisteredRegion:
             try:
                 with stage("launch", PinRefused):
                     if statistics:  # no eager candidate: the region's own ops give no statistics
-                        return self.training_launcher(inputs, sizes, frame, [*shapes, frame[:-1], frame[:-1]])
+                        return self.training_launcher(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)])
                     return self.launcher(inputs, sizes, frame, shapes, views,
                                          own_ops=lambda: self.reference(*replay_views(inputs, views),
                                                                         *self.extras(sizes, scalars)))
@@ -81,10 +97,15 @@ class RegisteredRegion:
         # nothing to tile (eager's semantics for empty sums), sizes so large that the kernel's
         # int32 index arithmetic could overflow, or a kernel that failed: the replaced ops as they were
         results = list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
-        if statistics:  # from the backward's own statistics kernel (runtime/backward.py)
+        if statistics:  # the statistics from the backward's own kernel (runtime/backward.py); the
+            # output before the ops after P·V left unset: a failed kernel's backward is eager's
             from .backward import row_statistics
 
-            results += row_statistics(self, inputs, frame, self.extras(sizes, scalars), self.plan.symints(sizes))
+            outputs = self.plan.training.training_outputs
+            if "m" in outputs:
+                results += row_statistics(self, inputs, frame, self.extras(sizes, scalars), self.plan.symints(sizes))
+            if "o" in outputs:
+                results.append(inputs[0].new_empty([*frame[:-1], self.plan.dv], dtype=self.plan.training.side_dtypes[-1]))
         return results
 
 
@@ -128,7 +149,7 @@ def _region_fake(key, inputs, sizes, scalars, statistics):
     entry = registered(key)
     frame, shapes, _ = entry.split(sizes)
     if statistics:
-        return empty_results(entry.plan.training, [*shapes, frame[:-1], frame[:-1]], inputs[0])
+        return empty_results(entry.plan.training, [*shapes, *entry.training_shapes(frame)], inputs[0])
     return empty_results(entry.plan, shapes, inputs[0])
 
 
@@ -151,7 +172,7 @@ def training_call(key: str, inputs: list, sizes: list, scalars: list) -> list:
     which the call's results then leave out."""
     statistics = _keeps_statistics(key, inputs)
     results = region(key, inputs, sizes, scalars, statistics)
-    return results[:-2] if statistics else results
+    return results[:len(results) - len(registered(key).plan.training.training_outputs)] if statistics else results
 
 
 def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) -> list:
@@ -174,8 +195,9 @@ def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, gra
                     statistics: list[torch.Tensor]) -> list[torch.Tensor]:
     """The fused backward of region ``key`` (runtime/backward.py): the gradients of the inputs it
     reads as Q, K and V (``BackwardPlan.inputs``), then with ``input_grads`` those of the inputs
-    its score chain reads as they are (``BackwardPlan.input_grads``), shaped as those inputs.
-    ``statistics``: ``[m, 1/l]`` as the training forward stored them, or empty (then computed)."""
+    its score chain reads as they are (``BackwardPlan.input_grads``), then those of the inputs the
+    ops after P·V read (``Epilogue.inputs``), shaped as those inputs. ``statistics``: the training
+    forward's ``training_outputs`` (``m``, ``1/l``, the output before the ops after P·V), or empty."""
     from .backward import run_backward
 
     entry = registered(key)
@@ -185,8 +207,15 @@ def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, gra
 
 @region_backward.register_fake
 def _region_backward_fake(key, inputs, out, grad, sizes, scalars, input_grads, statistics):
-    plan = registered(key).plan.backward
-    return [inputs[i].new_empty(inputs[i].shape) for i in (*plan.inputs, *(plan.input_grads if input_grads else ()))]
+    entry = registered(key)
+    plan = entry.plan.backward
+    return [inputs[i].new_empty(inputs[i].shape)
+            for i in (*plan.inputs, *(plan.input_grads if input_grads else ()), *_epilogue_inputs(entry))]
+
+
+def _epilogue_inputs(entry) -> tuple:
+    """The inputs whose gradients the backward of the ops after P·V gives, after the others."""
+    return entry.epilogue.inputs if entry.epilogue is not None else ()
 
 
 def _setup_context(ctx, inputs, output):
@@ -197,9 +226,10 @@ def _setup_context(ctx, inputs, output):
     # the gradient of ``scalars`` must have its structure: an empty list stays a list
     ctx.no_scalars = [] if not scalars else None
     ctx.needs = [t.requires_grad for t in tensors]
-    ctx.statistics = 2 if statistics else 0   # the results' last two: m and 1/l (no gradient)
+    # the training forward's last results (training_outputs: m, 1/l, O before the ops after P·V)
+    ctx.statistics = len(registered(key).plan.training.training_outputs) if statistics else 0
     if statistics:
-        ctx.mark_non_differentiable(*output[-2:])
+        ctx.mark_non_differentiable(*output[len(output) - ctx.statistics:])
     ctx.save_for_backward(*tensors, output[0], *output[len(output) - ctx.statistics:])
 
 
@@ -210,11 +240,12 @@ def _backward(ctx, grads_out):
     tensors, out, statistics = saved[:len(ctx.needs)], saved[len(ctx.needs)], saved[len(ctx.needs) + 1:]
     grads_out = grads_out[:len(grads_out) - ctx.statistics]
     entry = registered(ctx.key)
+    # the ops after P·V differentiate at the output before them, which only the training forward keeps
     if grads_out[0] is not None and all(g is None for g in grads_out[1:]) \
-            and fused_backward_applies(entry, tensors, ctx.needs):
+            and fused_backward_applies(entry, tensors, ctx.needs) and (entry.epilogue is None or statistics):
         plan, grads = entry.plan.backward, [None] * len(tensors)
         input_grads = any(ctx.needs[i] for i in plan.input_grads)
-        given = (*plan.inputs, *(plan.input_grads if input_grads else ()))
+        given = (*plan.inputs, *(plan.input_grads if input_grads else ()), *_epilogue_inputs(entry))
         for i, g in zip(given, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes, ctx.scalars,
                                                input_grads, list(statistics))):
             if ctx.needs[i]:

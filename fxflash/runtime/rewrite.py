@@ -10,7 +10,8 @@ import torch.fx as fx
 from ..patterns.region import FusionRefused, Region
 from ..codegen.emit import KernelPlan
 from .launch import FOLDED_VIEWS
-from .op import RegisteredRegion, call_region, owned, register, registered, training_call
+from ..tile.backward import attention_output
+from .op import Epilogue, RegisteredRegion, call_region, owned, register, registered, training_call
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -174,6 +175,35 @@ def placement(gm: fx.GraphModule, region: Region, plan: KernelPlan, node_map: di
     return at
 
 
+def _epilogue(region: Region, plan: KernelPlan, extra: list) -> Epilogue | None:
+    """The region's ops after P·V as a graph of their own, for their backward (runtime/backward.py),
+    where the region has them and a fused backward; None where they read another value of the
+    region than O (then its backward is eager recomputation: ``fused_backward_applies``)."""
+    if not region.output_ops or plan.backward is None:
+        return None
+    o = attention_output(region)
+    ops, inside = set(region.output_ops), set(region.nodes) | {region.frame}
+    stack, seen = [region.output], set()
+    while stack:   # from the output back to O and values from outside the region
+        node = stack.pop()
+        if node is o or node in seen:
+            continue
+        seen.add(node)
+        if node in inside and node not in ops:
+            return None
+        stack += node.all_input_nodes
+    try:
+        module, own_extra = reference_subgraph([region.output], [o, *plan.input_nodes])
+    except ValueError:
+        return None
+    if any(n not in extra for n in own_extra):
+        return None
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"][1:1 + len(plan.input_nodes)]
+    read = tuple(i for i, (p, n) in enumerate(zip(placeholders, plan.input_nodes))
+                 if p.users and n.meta["val"].is_floating_point())
+    return Epilogue(module, tuple(extra.index(n) for n in own_extra), read)
+
+
 def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel, node_map: dict,
                    at: fx.Node) -> str:
     """Insert the custom-op call into ``gm`` before ``at`` (``placement``) and redirect the region
@@ -189,7 +219,8 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         shapes = [_size_arg(gm, s, sources) for r in results for s in r.meta["val"].shape]
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         ranks = tuple(r.meta["val"].dim() for r in results)
-        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float), gm)
+        key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float,
+                                        _epilogue(region, plan, extra)), gm)
         # the reference's integers, then the kernel's (KernelPlan.sym_nodes: the launch reads the last ones)
         sizes = (frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
                  + [node_map[n] for n in plan.sym_nodes])

@@ -30,9 +30,13 @@ them. A loaded input of the score chain (a bias) gets its gradient tile too, sto
 program. codegen/backward.py prints these programs; tests/test_tile_backward.py evaluates them
 against autograd.
 
+Ops after P·V (a gate, a transpose: ``Region.output_ops``) are not in the programs: they read O
+and dO before those ops (``attention_output``), which the training forward stores and autograd's
+backward of the ops gives (runtime/backward.py).
+
 ``lower_backward`` raises BackwardRefused, naming the op, where a region is outside this form
-(another reduction before P·V, several streams or score contractions, ops after P·V, an op of
-the score chain without a derivative rule).
+(another reduction before P·V, several streams or score contractions, row values returned beside
+the output, an op of the score chain without a derivative rule).
 """
 from __future__ import annotations
 
@@ -146,8 +150,8 @@ def softmax_form(r: Region) -> tuple:
     """(max node, sum node, x: the softmax's input): a region of the form ``softmax(x)·V``."""
     if r.partners or r.split is not None:
         raise BackwardRefused("several score contractions or softmax streams")
-    if r.output_ops or r.side_outputs:
-        raise BackwardRefused("ops after P·V or row values returned beside the output")
+    if r.side_outputs:
+        raise BackwardRefused("row values returned beside the output")
     maxes = [red for red in r.reductions if red.combine == "max"]
     sums = [red for red in r.reductions if red.combine == "sum"]
     if len(maxes) != 1 or len(sums) != 1 or len(r.reductions) != 2 or sums[0].scale is not maxes[0].node:
@@ -168,11 +172,18 @@ def softmax_form(r: Region) -> tuple:
     return maxes[0].node, sums[0].node, x
 
 
+def attention_output(r: Region) -> fx.Node:
+    """O = P·V as the programs read it: the region's output, or where ops follow P·V (a gate, a
+    transpose: ``Region.output_ops``) the value they apply to, which the training forward stores
+    beside the output; the backward of those ops is autograd's (runtime/backward.py)."""
+    return r.output_ops[0].args[0] if r.output_ops else r.output
+
+
 def elementwise_form(r: Region) -> fx.Node | None:
     """P of a region whose P·V reads an elementwise function of the scores, with no row reduction
     (sigmoid or ReLU attention): ``P = g(S)``, differentiated through the chain like the scores'
     own ops, with no statistics and no Δ. None for any other region."""
-    if r.partners or r.split is not None or r.output_ops or r.side_outputs or r.reductions or r.epilogue:
+    if r.partners or r.split is not None or r.side_outputs or r.reductions or r.epilogue:
         return None
     (sign, p, form), *more = r.terms
     return p if not more and sign == 1 and not form.factors else None
@@ -293,7 +304,7 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     # the gradient tile of each loaded input, stored per (row tile, key tile) where dS is
     input_grads = tuple(Store(grads[a], f"d{a.name}", "scores") for a in loaded if a in grads)
     frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
-    out = r.output.name
+    out = attention_output(r).name
     delta = TileProgram(
         f"{name}_bwd_delta", frame, (Load("do", f"d{out}", "output"), Load("o", out, "output")), (), (),
         (Map("do_o", "mul", ("do", "o"), "row"), Map("delta", "sum", ("do_o", -1), "row")),
