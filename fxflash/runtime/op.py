@@ -6,8 +6,9 @@ then the shapes of the results, then the integer sizes the region's own ops read
 under ``dynamic=True``), then those the kernel reads at run time (``KernelPlan.sym_nodes``); ``scalars`` the float values they read (``size(-1) ** -0.5``). It
 returns ``[result, *row values]``: the result is a new tensor, contiguous or in eager's
 layout of the region's last op; the row values (a logsumexp returned by the user's code)
-are contiguous; with ``statistics`` (the training forward, ``training_call``) two more follow, each
-row's softmax maximum and ``1/sum`` for the fused backward. Its fake implementation gives the shape and
+are contiguous; with ``statistics`` (the training forward, ``training_call``) what the fused
+backward reads follows (``KernelPlan.training_outputs``: each row's softmax maximum and ``1/sum``,
+the output before ops after P·V). Its fake implementation gives the shape and
 dtype without running anything. Its autograd formula runs the region's fused backward
 (``fxflash::region_backward``, runtime/backward.py) where it has one and the inputs asking for
 gradients are ones it gives (Q, K, V, a bias the scores read); otherwise it recomputes the
@@ -55,7 +56,7 @@ class RegisteredRegion:
 
     @functools.cached_property
     def training_launcher(self) -> Launcher:
-        """The launcher of the forward that also stores the row statistics (``plan.training``)."""
+        """The launcher of the forward that also stores what the backward reads (``plan.training``)."""
         from .cache import load_kernel
 
         return Launcher(self.plan.training, load_kernel(self.plan.training.source, self.plan.training.name))
@@ -80,8 +81,8 @@ class RegisteredRegion:
 
     def run(self, inputs, sizes, scalars, views=None, statistics: bool = False) -> list:
         """``views``: the view chains folded into a direct call (``launch.replay_views``);
-        ``statistics``: run the training forward (``plan.training``), whose results end with the
-        row statistics ``m`` and ``1/l`` (``[*batch, M]``, fp32) that the fused backward reads."""
+        ``statistics``: run the training forward (``plan.training``), whose results end with what
+        the fused backward reads (``training_outputs``, shaped by ``training_shapes``)."""
         frame, shapes, _ = self.split(sizes)
         if self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame)):
             try:
