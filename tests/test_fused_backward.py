@@ -134,18 +134,25 @@ def test_ops_after_p_v_recompute_eagerly_without_the_training_forward(monkeypatc
     assert not calls
 
 
-def test_a_tensor_the_kernel_computes_from_others_is_recomputed_eagerly():
+def test_a_tensor_the_kernel_computes_a_bias_from_gets_its_gradient(monkeypatch):
     """ALiBi's slopes as a parameter: the kernel computes the bias from them (a value from outside
-    the region), so their gradient is not a stored tile: that call takes the eager path."""
+    the region); the dQ kernel stores the bias's gradient tile, and the vjp of the ops that compute
+    the bias takes it to the slopes."""
+    import fxflash.runtime.backward as backward
+
     def alibi(q, k, v, slopes):
         i = torch.arange(q.size(-2))
         return torch.softmax(q @ k.transpose(-1, -2) + slopes[:, None, None] * (i[None, :] - i[:, None]), -1) @ v
 
+    calls = []
+    run = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(a[7]) or run(*a, **k))
     q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=4, Hkv=4, M=29, N=29, D=24, Dv=12))
     slopes = torch.rand(4, generator=torch.Generator().manual_seed(0))
     assert _fused_backward_of(alibi, q, k, v, slopes) == ["fused"]
     assert_gradients_accurate(alibi, fxflash.optimize(alibi), (q, k, v, slopes), wrt=(0, 1, 2, 3))
     assert_gradients_accurate(alibi, fxflash.optimize(alibi), (q, k, v, slopes), wrt=(0, 2))
+    assert calls == [True, False]   # fused both times, the bias's tile stored only when asked for
 
 
 def _fused_backward_of(fn, *args):

@@ -105,7 +105,8 @@ class BackwardPlan:
     index_bound: tuple
     programs: tuple
     input_grads: tuple = ()  # the input indices of the tensors whose gradients the dQ kernel can store
-    ops_after_pv: bool = False  # the programs read O and dO before the region's ops after P·V (runtime/op.Epilogue)
+    ops_after_pv: bool = False  # the programs read O and dO before the region's ops after P·V (RegisteredRegion.epilogue)
+    slot_values: tuple = ()  # per gradient tile the kernels store (``dg<j>``), the name of the value it belongs to
 
 
 class _ValuePrinter(_Printer):
@@ -444,7 +445,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     statistics = () if elementwise_form(r) is not None else (lower_statistics(r, kinds, printable, name),)
     programs = (*statistics, *lower_backward(r, kinds, printable, name))
     options = plan.options
-    kernels, lines, bound = [], [], (0, 0)
+    kernels, lines, bound, slot_values = [], [], (0, 0), []
     out_dtype = attention_output(r).meta["val"].dtype
     for program in programs:
         printer = _Kernel(r, kinds, options, program)
@@ -455,10 +456,11 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         kernel.args = [_reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
                        for spec in kernel.args]
         kernel.summaries = tuple((plan.input_nodes.index(vp.inputs[i]), axis) for i, axis in vp.summaries)
-        # a value the kernels compute rather than load (emit's vector producers) is not an input
-        # of the op: its gradient tile has no input to go to (None), and its inputs' gradients
-        # are left to eager recomputation
+        # a value the kernels compute rather than load (emit's vector producers, ALiBi's bias from
+        # its slopes) is not an input of the op (None): its gradient tile goes to the backward of
+        # the ops that compute it (runtime/op.Subgraph, BackwardPlan.slot_values)
         nodes = {n.name: n for n in plan.input_nodes}
+        slot_values += kernel.input_grads
         kernel.input_grads = tuple(plan.input_nodes.index(nodes[name]) if name in nodes else None
                                    for name in kernel.input_grads)
         bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
@@ -474,7 +476,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
-                        ops_after_pv=bool(r.output_ops))
+                        ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values))
 
 
 def backward_tiles(d: int, dv: int, per: str) -> list:

@@ -32,16 +32,31 @@ INT32_LIMIT = 2 ** 31
 def fused_backward_applies(entry, tensors, needs) -> bool:
     """Can this call's backward run the fused kernels (decided when autograd records the call,
     also while a compiler traces it: from the tensors' devices and which need gradients only)?
-    A region with ops after P·V needs their graph (``Epilogue``) and a training forward."""
+    A region with ops after P·V needs their graph (``RegisteredRegion.epilogue``) and a training forward."""
     plan = entry.plan.backward
     if plan is None or entry.failed is not None or not config.fused_backward:
         return False
     if plan.ops_after_pv and (entry.epilogue is None or entry.plan.training is None):
         return False
-    given = {*plan.inputs, *plan.input_grads, *(entry.epilogue.inputs if entry.epilogue is not None else ())}
+    given = set(given_inputs(entry, True))
     if any(need and i not in given for i, need in enumerate(needs)):
         return False
     return interpreting() or tensors[0].device.type == "cuda"
+
+
+def score_inputs(entry) -> tuple:
+    """The inputs the score chain reads whose gradients come from the stored gradient tiles: those
+    it reads as they are (``plan.input_grads``), then those a value the kernels compute is computed
+    from (``RegisteredRegion.computed``, by tile)."""
+    return (*entry.plan.backward.input_grads, *(i for j in sorted(entry.computed) for i in entry.computed[j].inputs))
+
+
+def given_inputs(entry, input_grads: bool) -> tuple:
+    """The inputs whose gradients ``fxflash::region_backward`` returns, in order: Q, K and V
+    (``plan.inputs``), with ``input_grads`` the score chain's (``score_inputs``), then those the
+    ops after P·V read."""
+    return (*entry.plan.backward.inputs, *(score_inputs(entry) if input_grads else ()),
+            *(entry.epilogue.inputs if entry.epilogue is not None else ()))
 
 
 def _kernels_fit(plan, frame) -> bool:
@@ -77,7 +92,7 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     """The gradients of the inputs the kernel reads as Q, K and V (``plan.inputs``, in order;
     an input read as two of them gets the sum), then, with ``input_grads``, those of
     ``plan.input_grads`` (each summed from its [B·H, M, N] tiles over the axes it broadcasts
-    along), then those of the inputs the ops after P·V read (``Epilogue.inputs``). ``statistics``:
+    along), then those of the inputs the ops after P·V read (``RegisteredRegion.epilogue``'s inputs). ``statistics``:
     the training forward's ``training_outputs`` (with ``m`` and ``1/l`` the statistics kernel does
     not run; with ``o``, the output before the ops after P·V, their backward is autograd's at it,
     and the kernels read O and dO there), or empty. Sizes the kernels cannot index, and a region
@@ -117,24 +132,33 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
         grads[where[0]] = g if where[0] not in grads else grads[where[0]] + g
     result = [grads[i] for i in plan.inputs]
     if input_grads:
-        result += [own[f"dg{j}"].view(*batch_sizes, m, n).sum_to_size(inputs[i].shape).to(inputs[i].dtype)
-                   for j, i in enumerate(slots) if i is not None]
+        tiles = [own[f"dg{j}"].view(*batch_sizes, m, n) for j in range(len(slots))]
+        result += [tiles[j].sum_to_size(inputs[i].shape).to(inputs[i].dtype) for j, i in enumerate(slots) if i is not None]
+        for j in sorted(entry.computed):   # a computed value's tile, through the ops computing it
+            result += _subgraph_gradients(entry.computed[j], [], inputs, extras, tiles[j])
     return result + after_pv
 
 
 def _epilogue_gradients(entry, inputs: list, o: torch.Tensor, grad: torch.Tensor, extras: list) -> list:
-    """``[dO, *gradients of Epilogue.inputs]``: the backward of the region's ops after P·V (a gate,
-    a transpose; elementwise, cheap beside the kernels) at the output ``o`` before them, by
-    ``torch.func.vjp`` (autograd's dispatch is off inside the op)."""
-    epilogue = entry.epilogue
-    own_extras = [extras[j] for j in epilogue.extras]
+    """``[dO, *gradients of the epilogue's inputs]``: the backward of the region's ops after P·V (a
+    gate, a transpose; elementwise, cheap beside the kernels) at the output ``o`` before them."""
+    return _subgraph_gradients(entry.epilogue, [o], inputs, extras, grad, lead_grads=True)
 
-    def output(o, *xs):
-        given = dict(zip(epilogue.inputs, xs))
-        return epilogue.module(o, *(given.get(i, t) for i, t in enumerate(inputs)), *own_extras)[0]
 
-    _, vjp = torch.func.vjp(output, o, *(inputs[i] for i in epilogue.inputs))
-    return list(vjp(grad))
+def _subgraph_gradients(sub, lead: list, inputs: list, extras: list, grad: torch.Tensor, lead_grads=False) -> list:
+    """The gradients of ``sub.inputs`` (after those of ``lead`` with ``lead_grads``) from the vjp of
+    the Subgraph at ``lead`` and the op's ``inputs``, ``grad`` summed to its result's shape (a
+    gradient tile of a value broadcast over the score frame); ``torch.func.vjp``, since autograd's
+    dispatch is off inside the op."""
+    own_extras = [extras[j] for j in sub.extras]
+
+    def result(*xs):
+        given = dict(zip(sub.inputs, xs[len(lead):]))
+        return sub.module(*xs[:len(lead)], *(given.get(i, t) for i, t in enumerate(inputs)), *own_extras)[0]
+
+    value, vjp = torch.func.vjp(result, *lead, *(inputs[i] for i in sub.inputs))
+    grads = vjp(grad.sum_to_size(value.shape).to(value.dtype))
+    return list(grads if lead_grads else grads[len(lead):])
 
 
 def row_statistics(entry, inputs: list, frame: list, extras: list, symints=()) -> list:
@@ -192,9 +216,7 @@ def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
 def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:
     """The gradients from the region's own ops: ``torch.func.vjp``, which differentiates inside a
     custom op's implementation, where autograd's dispatch is turned off."""
-    plan = entry.plan.backward
-    wanted = [*plan.inputs, *(plan.input_grads if input_grads else ()),
-              *(entry.epilogue.inputs if entry.epilogue is not None else ())]
+    wanted = list(given_inputs(entry, input_grads))
 
     def result(*xs):
         given = dict(zip(wanted, xs))
@@ -204,4 +226,4 @@ def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:
     return list(vjp(grad))
 
 
-__all__ = ["fused_backward_applies", "row_statistics", "run_backward"]
+__all__ = ["fused_backward_applies", "given_inputs", "row_statistics", "run_backward", "score_inputs"]

@@ -31,9 +31,11 @@ from .launch import Launcher, PinRefused, empty_results, replay_views
 
 
 @dataclasses.dataclass
-class Epilogue:
-    """A region's ops after P·V (a gate, a transpose) as a graph of their own, for their backward:
-    ``module(O, *the op's inputs, *extras) → (output,)``."""
+class Subgraph:
+    """Ops of the replaced graph as a GraphModule of their own, for their backward (its vjp, in
+    runtime/backward.py): a region's ops after P·V, ``module(O, *the op's inputs, *extras) →
+    (output,)``, or the ops that compute a value the kernel computes rather than loads (ALiBi's
+    bias from its slopes), ``module(*the op's inputs, *extras) → (value,)``."""
 
     module: fx.GraphModule
     extras: tuple   # the places among the region's extras (RegisteredRegion.extras) of those it reads
@@ -47,7 +49,8 @@ class RegisteredRegion:
     reference: fx.GraphModule  # (inputs, extras) → the region's outputs: the replaced ops
     out_ranks: tuple           # ranks of the result and of each row value returned beside it
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
-    epilogue: Epilogue | None = None  # the ops after P·V, where the region has them and a fused backward
+    epilogue: Subgraph | None = None  # the ops after P·V, where the region has them and a fused backward
+    computed: dict = dataclasses.field(default_factory=dict)  # gradient tile j → the Subgraph computing its value
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
 
@@ -197,7 +200,7 @@ def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, gra
     """The fused backward of region ``key`` (runtime/backward.py): the gradients of the inputs it
     reads as Q, K and V (``BackwardPlan.inputs``), then with ``input_grads`` those of the inputs
     its score chain reads as they are (``BackwardPlan.input_grads``), then those of the inputs the
-    ops after P·V read (``Epilogue.inputs``), shaped as those inputs. ``statistics``: the training
+    ops after P·V read (``RegisteredRegion.epilogue``'s inputs), shaped as those inputs. ``statistics``: the training
     forward's ``training_outputs`` (``m``, ``1/l``, the output before the ops after P·V), or empty."""
     from .backward import run_backward
 
@@ -208,15 +211,9 @@ def region_backward(key: str, inputs: list[torch.Tensor], out: torch.Tensor, gra
 
 @region_backward.register_fake
 def _region_backward_fake(key, inputs, out, grad, sizes, scalars, input_grads, statistics):
-    entry = registered(key)
-    plan = entry.plan.backward
-    return [inputs[i].new_empty(inputs[i].shape)
-            for i in (*plan.inputs, *(plan.input_grads if input_grads else ()), *_epilogue_inputs(entry))]
+    from .backward import given_inputs
 
-
-def _epilogue_inputs(entry) -> tuple:
-    """The inputs whose gradients the backward of the ops after P·V gives, after the others."""
-    return entry.epilogue.inputs if entry.epilogue is not None else ()
+    return [inputs[i].new_empty(inputs[i].shape) for i in given_inputs(registered(key), input_grads)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -235,7 +232,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grads_out):
-    from .backward import fused_backward_applies
+    from .backward import fused_backward_applies, given_inputs, score_inputs
 
     saved = ctx.saved_tensors
     tensors, out, statistics = saved[:len(ctx.needs)], saved[len(ctx.needs)], saved[len(ctx.needs) + 1:]
@@ -244,11 +241,11 @@ def _backward(ctx, grads_out):
     # the ops after P·V differentiate at the output before them, which only the training forward keeps
     if grads_out[0] is not None and all(g is None for g in grads_out[1:]) \
             and fused_backward_applies(entry, tensors, ctx.needs) and (entry.epilogue is None or statistics):
-        plan, grads = entry.plan.backward, [None] * len(tensors)
-        input_grads = any(ctx.needs[i] for i in plan.input_grads)
-        given = (*plan.inputs, *(plan.input_grads if input_grads else ()), *_epilogue_inputs(entry))
-        for i, g in zip(given, region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes, ctx.scalars,
-                                               input_grads, list(statistics))):
+        grads = [None] * len(tensors)
+        input_grads = any(ctx.needs[i] for i in score_inputs(entry))
+        results = region_backward(ctx.key, tensors, out, grads_out[0], ctx.sizes, ctx.scalars, input_grads,
+                                  list(statistics))
+        for i, g in zip(given_inputs(entry, input_grads), results):
             if ctx.needs[i]:
                 grads[i] = g if grads[i] is None else grads[i] + g   # a bias that is also V, say
         return None, grads, None, ctx.no_scalars, None

@@ -11,7 +11,7 @@ from ..patterns.region import FusionRefused, Region
 from ..codegen.emit import KernelPlan
 from .launch import FOLDED_VIEWS
 from ..tile.backward import attention_output
-from .op import Epilogue, RegisteredRegion, call_region, owned, register, registered, training_call
+from .op import RegisteredRegion, Subgraph, call_region, owned, register, registered, training_call
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -175,7 +175,35 @@ def placement(gm: fx.GraphModule, region: Region, plan: KernelPlan, node_map: di
     return at
 
 
-def _epilogue(region: Region, plan: KernelPlan, extra: list) -> Epilogue | None:
+def _subgraph(value: fx.Node, lead: list, plan: KernelPlan, extra: list) -> Subgraph | None:
+    """The ops that compute ``value`` from ``lead`` (nodes the caller passes first) and the op's
+    inputs, as a Subgraph; None where they read what the op is not given."""
+    try:
+        module, own_extra = reference_subgraph([value], [*lead, *plan.input_nodes])
+    except ValueError:
+        return None
+    if any(n not in extra for n in own_extra):
+        return None
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"][len(lead):len(lead) + len(plan.input_nodes)]
+    read = tuple(i for i, (p, n) in enumerate(zip(placeholders, plan.input_nodes))
+                 if p.users and n.meta["val"].is_floating_point())
+    return Subgraph(module, tuple(extra.index(n) for n in own_extra), read)
+
+
+def _computed(plan: KernelPlan, extra: list) -> dict:
+    """For each gradient tile of a value the kernels compute rather than load (slot ``None``), the
+    ops that compute it from the op's inputs (ALiBi's bias from its slopes): their vjp takes the
+    tile to the inputs' gradients."""
+    if plan.backward is None:
+        return {}
+    nodes = {n.name: n for n in plan.input_nodes[0].graph.nodes}
+    slots = [i for kernel in plan.backward.kernels for i in kernel.input_grads]
+    found = {j: _subgraph(nodes[name], [], plan, extra)
+             for j, (name, i) in enumerate(zip(plan.backward.slot_values, slots)) if i is None and name in nodes}
+    return {j: sub for j, sub in found.items() if sub is not None and sub.inputs}
+
+
+def _epilogue(region: Region, plan: KernelPlan, extra: list) -> Subgraph | None:
     """The region's ops after P·V as a graph of their own, for their backward (runtime/backward.py),
     where the region has them and a fused backward; None where they read another value of the
     region than O (then its backward is eager recomputation: ``fused_backward_applies``)."""
@@ -192,16 +220,7 @@ def _epilogue(region: Region, plan: KernelPlan, extra: list) -> Epilogue | None:
         if node in inside and node not in ops:
             return None
         stack += node.all_input_nodes
-    try:
-        module, own_extra = reference_subgraph([region.output], [o, *plan.input_nodes])
-    except ValueError:
-        return None
-    if any(n not in extra for n in own_extra):
-        return None
-    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"][1:1 + len(plan.input_nodes)]
-    read = tuple(i for i, (p, n) in enumerate(zip(placeholders, plan.input_nodes))
-                 if p.users and n.meta["val"].is_floating_point())
-    return Epilogue(module, tuple(extra.index(n) for n in own_extra), read)
+    return _subgraph(region.output, [o], plan, extra)
 
 
 def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel, node_map: dict,
@@ -220,7 +239,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         ranks = tuple(r.meta["val"].dim() for r in results)
         key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float,
-                                        _epilogue(region, plan, extra)), gm)
+                                        _epilogue(region, plan, extra), _computed(plan, extra)), gm)
         # the reference's integers, then the kernel's (KernelPlan.sym_nodes: the launch reads the last ones)
         sizes = (frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
                  + [node_map[n] for n in plan.sym_nodes])

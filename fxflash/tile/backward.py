@@ -242,18 +242,19 @@ def _derivative(r: Region, chain: list, loaded: list) -> tuple:
     return ops, grads
 
 
-def _loaded(r: Region, chain: list, kinds: dict, printable) -> list:
-    """The floating tensors the score chain reads as they are (a bias, a temperature), not the
-    contraction's operands: the backward can give their gradients (``dS`` through the chain)."""
+def _loaded(r: Region, chain: list, kinds: dict) -> list:
+    """The floating values from outside the region that the score chain reads (a bias, a
+    temperature; loaded, or computed by the kernel from smaller tensors, as ALiBi's bias from its
+    slopes), not the contraction's operands nor values of indices alone: the backward can give
+    their gradients (``dS`` through the chain), a computed one's through the ops computing it."""
     operands = {r.q.node, r.k.node, r.v.node}
-    outside = _Lowering(r, kinds, printable).outside
     inside = set(r.nodes) | {r.frame}
     found = []
     for node in chain:
         for a in node.all_input_nodes:
             value = a.meta.get("val")
             if (a in inside or a in operands or a in found or not isinstance(value, torch.Tensor)
-                    or not value.dtype.is_floating_point or kinds.get(a) is OpKind.INDEX or outside.computed(a)):
+                    or not value.dtype.is_floating_point or kinds.get(a) is OpKind.INDEX):
                 continue
             found.append(a)
     return found
@@ -299,7 +300,7 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     p_node = elementwise_form(r)
     x = softmax_form(r)[2] if p_node is None else p_node
     chain = _chain(r, x)
-    loaded = _loaded(r, chain, kinds, printable)
+    loaded = _loaded(r, chain, kinds)
     derivative, grads = _derivative(r, chain, loaded)
     # the gradient tile of each loaded input, stored per (row tile, key tile) where dS is
     input_grads = tuple(Store(grads[a], f"d{a.name}", "scores") for a in loaded if a in grads)
