@@ -78,12 +78,22 @@ def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
     assert_gradients_accurate(padded, fxflash.optimize(padded, inner="eager"), (q, k, v, keep), wrt=(0, 1, 2))
 
 
-def test_gradients_of_the_evoformer_s_gate_and_pair_bias_on_gpu():
+def test_gradients_of_the_evoformer_s_gate_and_pair_bias_and_of_alibi_slopes_on_gpu():
     """bf16: the ops after P·V (transpose, gate) differentiated at the output the training forward
-    kept; the gate's and the pair bias's gradients."""
+    kept, the gate's and the pair bias's gradients; learned ALiBi slopes through the bias the
+    kernel computes from them."""
     variant = VARIANTS["evoformer_row"]
     args = variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn, inner="eager"), args, wrt=(0, 1, 2, 4, 5))
+
+    def alibi(q, k, v, slopes):
+        i = torch.arange(q.size(-2), device=q.device)
+        return torch.softmax(q @ k.transpose(-1, -2) + slopes[:, None, None] * (i[None, :] - i[:, None]), -1) @ v
+
+    s = SHAPES["odd"]
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=s.B, H=s.H, Hkv=s.H, M=s.M, N=s.M, D=s.D, Dv=s.Dv), torch.bfloat16, "cuda")
+    slopes = torch.rand(s.H, device="cuda", dtype=torch.bfloat16)
+    assert_gradients_accurate(alibi, fxflash.optimize(alibi, inner="eager"), (q, k, v, slopes), wrt=(0, 1, 2, 3))
 
 
 def test_bound_launches_follow_alignment_and_cuda_graphs():
