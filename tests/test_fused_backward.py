@@ -274,6 +274,20 @@ def padded_keep(m: int, n: int, device="cpu") -> torch.Tensor:
     return (torch.arange(n, device=device)[None, :] <= i) & (i >= 5)
 
 
+def _shifted(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) + 1e38, -1) @ v
+
+
+def test_rows_the_forward_repaired_take_the_backward_s_own_statistics():
+    """bf16 scores of 10³⁸ leave the forward's multiply-add range: its repair kernel computes those
+    rows with x rounded to bf16, as eager holds it, and marks their statistics; the backward's x
+    is not rounded, so it computes theirs again (REPAIRED_ONLY) rather than read a maximum a
+    rounding away from its own (exp of 10³⁴ otherwise)."""
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
+    assert _fused_backward_of(_shifted, q, k, v) == ["fused"]
+    assert_gradients_accurate(_shifted, fxflash.optimize(_shifted), (q, k, v), wrt=(0, 1, 2))
+
+
 def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
     """transformers' masks fill with ``finfo.min``: a row every key masks (left padding) has the
     uniform P = 1/N in eager, which the backward's statistics must keep (``m + log l`` would lose

@@ -25,9 +25,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import fxflash
-from helpers import assert_accurate
+from helpers import assert_accurate, assert_gradients_accurate
 
 EXAMPLES = int(os.environ.get("FXFLASH_EXAMPLES", 400 if os.environ.get("FXFLASH_LONG") else 20))
+# the gradients' test runs fewer: each example runs the backward kernels in the interpreter too
+GRADIENT_EXAMPLES = max(1, EXAMPLES // 2)
 ON_GPU = torch.cuda.is_available()
 SIZES = st.sampled_from([1, 5, 16, 17, 33] + ([64, 130] if ON_GPU else []))
 HEAD_DIMS = st.sampled_from([1, 8, 16, 24] + ([64, 128] if ON_GPU else []))
@@ -225,6 +227,31 @@ def test_random_program_matches_eager(spec):
         event("fused" if region.fused else f"not fused: {region.reason.split(':')[0]}")
     assert_accurate(program, _copies(args), out)
     print(f"program {'fused' if fused else 'eager'} right")  # counted by tests/random_soak.sh (pytest -s)
+
+
+@pytest.mark.fusion_independent  # right whatever fxflash decides: fused backward, eager recompute or eager
+@settings(max_examples=GRADIENT_EXAMPLES, deadline=None, derandomize=not os.environ.get("FXFLASH_LONG"),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(PROGRAMS)
+def test_random_program_gradients_match_eager(spec):
+    """The gradients of every floating input (Q, K, V, biases, temperatures, λ, the gate) against
+    float64 autograd within eager's own error. No input is written in place: autograd refuses
+    that on a leaf that needs a gradient, in eager too. Left out: a bias constant along the keys,
+    whose gradient under a softmax is exactly 0 (each row's dS sums to 0); the fused backward's
+    sums carry the rounding of Δ = rowsum(dO ⊙ O) with O in the inputs' dtype, as
+    FlashAttention's do (docs/usage.md, "Training")."""
+    program, args = make_program({**spec, "writes_k": False})
+    args = tuple(a.to("cuda" if ON_GPU else "cpu") for a in args)
+    report = fxflash.explain(program, *args)
+    for region in report.regions:
+        event(f"backward: {region.backward.split(':')[0]}" if region.fused else "not fused")
+    position, constant_along_keys = 3, set()   # the extra inputs follow q, k, v in op order (make_program)
+    for op in spec["ops"]:
+        if op[0] == "bias" and not op[1][3]:
+            constant_along_keys.add(position)
+        position += op[0] in ("bias", "tensor_mask", "extreme_mask", "extreme_fill", "temperature")
+    wrt = tuple(i for i, a in enumerate(args) if a.is_floating_point() and i not in constant_along_keys)
+    assert_gradients_accurate(program, fxflash.optimize(program), args, wrt)
 
 
 # The share of drawn programs that fuse: 12 of the 20 derandomized CI draws before the grammar

@@ -84,6 +84,7 @@ class BackwardKernel:
     summaries: tuple = ()  # (input, axis): per-tile minima and maxima its loop's range reads (KernelPlan.summaries)
     ranged: bool = False   # its loop visits only the tiles the masks leave (tile_range)
     full_tiles: bool = False  # … and those every mask keeps whole with the masks folded away (full_loop)
+    statistics: bool = False  # the row statistics' kernel (constexpr REPAIRED_ONLY)
     input_grads: tuple = ()  # per gradient tile it stores, the input it belongs to (by name, then
                              # by index; None: a value the kernels compute, not an input)
 
@@ -380,7 +381,15 @@ class _Kernel:
             head += ["offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                      f"col_ok = {COL} < N"]
         pre: list = []
-        if any(isinstance(op, ir.RowReduce) for op in prog.body):
+        statistics = any(isinstance(op, ir.RowReduce) for op in prog.body)
+        if statistics:
+            # with REPAIRED_ONLY, only the row tiles holding a row the forward's repair kernel
+            # marked (m = +inf: emit's statistics) compute theirs; the others keep the forward's
+            head += ["if REPAIRED_ONLY:",
+                     f"    marked = tl.load(m_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)",
+                     "    if tl.max((marked == float('inf')).to(tl.int32)) == 0:",
+                     "        return"]
+            self.own_param("m")
             pre += ["m = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)", "l = tl.zeros([BLOCK_M, 1], tl.float32)"]
         for op in prog.body:
             if isinstance(op, ir.Accumulate):
@@ -422,10 +431,12 @@ class _Kernel:
         body += post
         params = [*(f"{name}_ptr" for name in self.own), *vp.params, "BLOCK_M: tl.constexpr",
                   "BLOCK_N: tl.constexpr", "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr",
-                  "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else [])]
+                  "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else []),
+                  *(["REPAIRED_ONLY: tl.constexpr"] if statistics else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
         return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
-                              full_tiles=full is not None, input_grads=tuple(self.input_grads))
+                              full_tiles=full is not None, input_grads=tuple(self.input_grads),
+                              statistics=statistics)
 
 
 def _from_indices(node: fx.Node, kinds: dict) -> bool:

@@ -997,9 +997,12 @@ class _Printer:
         rows = [self.vars[node].code for node in r.side_outputs]
         if self.statistics:
             # the backward's P = exp(x − m) · (1/l): the maximum the exponent was taken against
-            # (natural units) and the reciprocal of the finished sum
+            # (natural units) and the reciprocal of the finished sum. The repair kernel's rows are
+            # marked instead (m = +inf): its x is rounded as eager holds it, the backward's is not,
+            # so the backward computes their statistics again from its own (STATISTICS_REPAIRED)
             m, l = self.statistics
-            rows += [self.vars[m].code, f"(1.0 / {self.vars[l].code})"]
+            rows += ["tl.full([BLOCK_M, 1], float('inf'), tl.float32)" if self.two_pass else self.vars[m].code,
+                     f"(1.0 / {self.vars[l].code})"]
         for i, code in enumerate(rows):
             ptr = self.param(f"side{i}_ptr", ("side", i))
             self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, "

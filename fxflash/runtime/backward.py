@@ -104,7 +104,10 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     named = dict(zip(entry.plan.training.training_outputs, statistics)) if statistics else {}
     after_pv = []
     if plan.ops_after_pv:   # dO and the epilogue inputs' gradients at O, from the ops' own backward
+        given = {t.untyped_storage().data_ptr() for t in (*inputs, grad, *statistics)}
         out, (grad, *after_pv) = named["o"], _epilogue_gradients(entry, inputs, named["o"], grad, extras)
+        # an op's result must not alias its arguments (an added tensor's gradient is dO itself)
+        after_pv = [g.clone() if g.untyped_storage().data_ptr() in given else g for g in after_pv]
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     device = out.device
@@ -114,9 +117,11 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
            "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
            "dv": torch.empty(batch, n, plan.dv, **f32)}
     kernels = plan.kernels
-    if "m" in named:
+    repaired = False
+    if "m" in named:   # the first kernel prints lower_statistics' program
         own["m"], own["inv_l"] = named["m"], named["inv_l"]
-        kernels = kernels[1:]   # the first prints lower_statistics' program
+        # rows a repair kernel (after the Triton or the Gluon kernel) may have marked
+        kernels, repaired = kernels[1:], entry.plan.training.repair_args is not None
     else:
         own["m"], own["inv_l"] = torch.empty(batch, m, **f32), torch.empty(batch, m, **f32)
     # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for
@@ -124,6 +129,8 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
                 for j in range(len(slots))})
     with _on(device):
+        if repaired:
+            _launch(plan, plan.kernels[0], own, inputs, frame, symints, repaired_only=True)
         for kernel in kernels:
             _launch(plan, kernel, own, inputs, frame, symints, input_grads)
     grads: dict = {}
@@ -180,9 +187,12 @@ def _on(device):
     return torch.cuda.device(device) if device.type == "cuda" else _launching()
 
 
-def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False) -> None:
+def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
+            repaired_only: bool = False) -> None:
     """Launch one backward kernel on the tensors ``own`` (by the names the programs give them) and
-    the forward's ``inputs``, at the tile the tuner chose for it."""
+    the forward's ``inputs``, at the tile the tuner chose for it; the statistics kernel with
+    ``repaired_only`` (the row tiles the forward's repair kernel marked) at its first tile, untimed:
+    most of its programs return at once."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
@@ -196,11 +206,17 @@ def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
             summaries[block] = [min_max_per_tile(inputs[i], axis, block) for i, axis in kernel.summaries]
         values = LaunchValues(inputs, frame, None, [], summaries[block], tuple(symints))
         grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
-        stores = {"STORE_DG": input_grads} if kernel.input_grads else {}
+        flags = {"STORE_DG": input_grads} if kernel.input_grads else {}
+        if kernel.statistics:
+            flags["REPAIRED_ONLY"] = repaired_only
         fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
-                 BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **stores)
+                 BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
 
-    run(_tile(plan, kernel, run, tuple(str(t.dtype) for t in inputs), inputs[0].device, frame))
+    if repaired_only:
+        run(INTERPRETER_TILE if interpreting() or inputs[0].device.type != "cuda"
+            else backward_tiles(plan.d, plan.dv, kernel.per)[0])
+    else:
+        run(_tile(plan, kernel, run, tuple(str(t.dtype) for t in inputs), inputs[0].device, frame))
 
 
 def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
