@@ -1246,6 +1246,10 @@ class _Printer:
                       f"v_mean = tl.load({self.summary_param(self.r.v.node, 'colsum')} + lin.to(tl.int64) * DV "
                       "+ offs_dv[None, :], mask=offs_dv[None, :] < DV, other=0.0) / N",
                       "out = tl.where(uniform, v_mean, out)"]
+            if self.statistics:   # such a row visited no tile: its statistics are marked, as repaired rows'
+                m_ptr = f"side{len(self.r.side_outputs)}_ptr"
+                lines.append(f"tl.store({m_ptr} + lin.to(tl.int64) * M + {ROW}, "
+                             f"tl.full([BLOCK_M, 1], float('inf'), tl.float32), mask=({ROW} < M) & uniform)")
             self.uniform = True
         if finite:
             checks.append(f"({unresolved}) & ~uniform" if uniform is not None else unresolved)
