@@ -30,8 +30,8 @@ from ..analysis import OpKind
 from ..config import interpreting
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
-from .emit import (COL, EXACT_FORMS, FLT_MAX, KEY_TILES, ROW, KernelPlan, Value, _Printer, _dot, _pow2, _reindexed,
-                   _scaled, module_source)
+from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_FINISH, FULL_RUN_INIT, KEY_TILES, ROW, KernelPlan, Value,
+                   _Printer, _dot, _pow2, _reindexed, _scaled, full_run_chunk, module_source)
 from .intervals import IntervalPrinter, NoInterval
 from .printers import TRITON_DTYPES, Unprintable, literal
 
@@ -329,17 +329,12 @@ class _Kernel:
                  f"live = ({t} < n_tiles) & ~({' | '.join(empty)})",
                  f"lo_t = tl.minimum(lo_t, tl.min(tl.where(live, {t}, n_tiles), 0))",
                  f"hi_t = tl.maximum(hi_t, tl.max(tl.where(live, {t} + 1, 0), 0))"]
-        # the whole tiles (inside the size) where every skip mask keeps every score: one run
-        # [f_lo, f_hi) visited with the masks folded away (full_loop), as the forward's
-        chunk += [f"full = live & ({t} < {size} // {block}) & {' & '.join(full)}",
-                  f"f_lo = tl.minimum(f_lo, tl.min(tl.where(full, {t}, n_tiles), 0))",
-                  f"f_hi = tl.maximum(f_hi, tl.max(tl.where(full, {t} + 1, 0), 0))",
-                  "n_full += tl.sum(full.to(tl.int32), 0)"]
+        # the whole tiles where every skip mask keeps every score: one run [f_lo, f_hi) visited
+        # with the masks folded away (full_loop), found as the forward's
+        chunk += full_run_chunk(t, f"{size} // {block}", " & ".join(full))
         return [*own, *once, f"n_tiles = tl.cdiv({size}, {block}).to(tl.int32)", "lo_t = n_tiles",
-                "hi_t = n_tiles * 0", "f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0",
-                f"for c0 in range(0, n_tiles, {scan}):", *("    " + line for line in chunk),
-                "hi_t = tl.maximum(hi_t, lo_t)", "one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
-                "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+                "hi_t = n_tiles * 0", *FULL_RUN_INIT, f"for c0 in range(0, n_tiles, {scan}):",
+                *("    " + line for line in chunk), "hi_t = tl.maximum(hi_t, lo_t)", *FULL_RUN_FINISH]
 
     def full_loop(self, loop: list, over_keys: bool) -> list | None:
         """The loop body for a full tile: each skip mask's condition the constant it is there (Triton

@@ -1129,7 +1129,7 @@ class _Printer:
         self.full_proved = full is not None
         out = ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part,
                "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)", "lo_t = n_tiles", "hi_t = n_tiles * 0",
-               *(["f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0"] if self.full_proved else []),
+               *(FULL_RUN_INIT if self.full_proved else []),
                f"for c0 in range(0, n_tiles, {self.scan}):",
                f"    {KEY_TILES} = c0 + tl.arange(0, {self.scan})",
                f"    n_lo = {KEY_TILES} * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
@@ -1139,14 +1139,10 @@ class _Printer:
                 f"    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, {t}, n_tiles), 0))",
                 f"    hi_t = tl.maximum(hi_t, tl.max(tl.where(live, {t} + 1, 0), 0))"]
         if self.full_proved:
-            out += [f"    full = live & ({t} < N // BLOCK_N) & ({full})",
-                    f"    f_lo = tl.minimum(f_lo, tl.min(tl.where(full, {t}, n_tiles), 0))",
-                    f"    f_hi = tl.maximum(f_hi, tl.max(tl.where(full, {t} + 1, 0), 0))",
-                    "    n_full += tl.sum(full.to(tl.int32), 0)"]
+            out += ["    " + line for line in full_run_chunk(t, "N // BLOCK_N", full)]
         out.append("hi_t = tl.maximum(hi_t, lo_t)")
         if self.full_proved:
-            out += ["one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
-                    "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+            out += FULL_RUN_FINISH
         return out
 
     def tile_tests(self):
@@ -1417,6 +1413,23 @@ class _Printer:
 
 
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
+
+
+# The one run ``[f_lo, f_hi)`` of full tiles among those a loop visits (``[lo_t, hi_t)``), found
+# a chunk of tiles at a time (the forward's tile_range, the backward's); empty (at ``lo_t``) when
+# the full tiles are not one contiguous run.
+FULL_RUN_INIT = ["f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0"]
+FULL_RUN_FINISH = ["one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
+                   "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+
+
+def full_run_chunk(t: str, whole: str, full: str) -> list[str]:
+    """Per chunk of tiles ``t`` (live ones: ``live``): those below ``whole`` (inside the size)
+    where ``full`` holds widen the run and are counted."""
+    return [f"full = live & ({t} < {whole}) & ({full})",
+            f"f_lo = tl.minimum(f_lo, tl.min(tl.where(full, {t}, n_tiles), 0))",
+            f"f_hi = tl.maximum(f_hi, tl.max(tl.where(full, {t} + 1, 0), 0))",
+            "n_full += tl.sum(full.to(tl.int32), 0)"]
 
 
 def module_source(functions: list[str]) -> str:
