@@ -4,8 +4,8 @@ statistics where the forward did not store them (``row_statistics``).
 ``run_backward`` takes the forward op's inputs, its result O and the incoming gradient dO, and
 returns the gradients of the tensors the kernel reads as Q, K and V, shaped as those inputs.
 The kernels read Q, K, V and the score chain's inputs at their strides, as the forward does;
-O and dO are read as contiguous ``[B·H, M, Dv]`` tensors, and dQ, dK, dV are written in fp32,
-one per query head, then cast to the inputs' dtypes and laid out as the inputs are shaped.
+O and dO are read as contiguous ``[B·H, M, Dv]`` tensors, and dQ, dK, dV are written in the
+inputs' dtypes (accumulated in fp32), one per query head, then laid out as the inputs are shaped.
 
 ``fused_backward_applies`` says whether a call can take this path: the region has a printed
 backward and only Q, K, V and the tensors the score chain reads as they are (a bias) ask for
@@ -74,8 +74,8 @@ def _rows_major(t: torch.Tensor, batch: int, rows: int, cols: int) -> torch.Tens
 
 
 def _as_input(grad: torch.Tensor, like: torch.Tensor, where: tuple) -> torch.Tensor:
-    """The gradient computed as ``[B·H, rows, cols]`` (fp32), in the shape of the input ``like``
-    the kernel reads as ``[*batch, rows, cols]`` (or its transpose)."""
+    """The gradient computed as ``[B·H, rows, cols]``, in the shape of the input ``like`` the
+    kernel reads as ``[*batch, rows, cols]`` (or its transpose)."""
     _, transposed, rank = where
     batch = like.shape[:rank]
     grad = grad.reshape(*batch, *grad.shape[-2:])
@@ -112,10 +112,14 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     batch = math.prod(batch_sizes)
     device = out.device
     f32 = dict(device=device, dtype=torch.float32)
+    # dQ, dK and dV accumulate in fp32 and are stored once, in their input's dtype: each program
+    # owns its tiles whole, so no pass casts them afterwards
+    like = {name: dict(device=device, dtype=inputs[where[0]].dtype)
+            for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v))}
     own = {"delta": torch.empty(batch, m, **f32),
            "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
-           "dq": torch.empty(batch, m, plan.d, **f32), "dk": torch.empty(batch, n, plan.d, **f32),
-           "dv": torch.empty(batch, n, plan.dv, **f32)}
+           "dq": torch.empty(batch, m, plan.d, **like["dq"]), "dk": torch.empty(batch, n, plan.d, **like["dk"]),
+           "dv": torch.empty(batch, n, plan.dv, **like["dv"])}
     kernels = plan.kernels
     repaired = False
     if "m" in named:   # the first kernel prints lower_statistics' program
