@@ -98,19 +98,23 @@ def test_entry_point_is_declared():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter serves machines without a CUDA GPU")
 def test_fxflash_imported_after_triton_still_runs_its_kernels_in_the_interpreter():
-    """transformers imports triton before the user imports fxflash: the kernels fxflash defines
-    afterwards still run in Triton's interpreter."""
+    """transformers and torch.compile import triton before fxflash is imported: the kernels fxflash
+    defines afterwards, and triton.language's functions they call (``tl.cdiv``, ``tl.max``), still
+    run in Triton's interpreter, forward and backward, with no fallback to eager."""
     code = (
-        "import os\n"
+        "import os, warnings\n"
         "os.environ.pop('TRITON_INTERPRET', None)\n"
-        "import triton, torch\n"
+        "import triton.language, torch\n"
+        "warnings.simplefilter('error', RuntimeWarning)\n"
         "import fxflash\n"
         "from fxflash.variants import VARIANTS, Shape\n"
-        "v = VARIANTS['vanilla']\n"
-        "args = v.inputs(Shape(B=1, H=2, Hkv=2, M=9, N=13, D=8, Dv=8))\n"
+        "v = VARIANTS['causal']\n"
+        "args = [a.requires_grad_() for a in v.inputs(Shape(B=1, H=2, Hkv=2, M=9, N=13, D=8, Dv=8))]\n"
         "fast = fxflash.optimize(v.fn)\n"
-        "assert all(r.fused for r in fast.report(*args).regions)\n"
-        "torch.testing.assert_close(fast(*args), v.fn(*args))\n"
+        "assert all(r.fused and r.backward == 'fused' for r in fast.report(*args).regions)\n"
+        "grads = torch.autograd.grad(fast(*args).sum(), args)\n"
+        "for got, want in zip(grads, torch.autograd.grad(v.fn(*args).sum(), args)):\n"
+        "    torch.testing.assert_close(got, want)\n"
         "print('ok')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
