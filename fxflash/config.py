@@ -37,6 +37,13 @@ class Config:
     forward_statistics: where the fused backward will run, the forward stores the row statistics
                      it reads (``KernelPlan.training``); ``FXFLASH_FORWARD_STATISTICS=0`` runs the
                      inference forward and leaves them to the backward's own kernel (A/B).
+    dq_atomics:      how the fused backward computes dQ: "auto" lets the GPU tuner choose between
+                     a dQ kernel of its own (deterministic) and dK·dV's kernel adding each key
+                     tile's share of dQ by fp32 atomics (FlashAttention-2's split: P and dP
+                     computed once), and keeps the dQ kernel in Triton's interpreter and under
+                     ``torch.use_deterministic_algorithms(True)``; "1" always adds by atomics
+                     (unless deterministic algorithms are asked for), "0" never
+                     (``FXFLASH_DQ_ATOMICS``).
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
@@ -130,6 +137,7 @@ class Config:
     time_eager: bool = os.environ.get("FXFLASH_TIME_EAGER", "1") != "0"
     fused_backward: bool = os.environ.get("FXFLASH_FUSED_BACKWARD", "1") != "0"
     forward_statistics: bool = os.environ.get("FXFLASH_FORWARD_STATISTICS", "1") != "0"
+    dq_atomics: str = os.environ.get("FXFLASH_DQ_ATOMICS", "auto")
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"

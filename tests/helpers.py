@@ -225,12 +225,13 @@ def evaluate_tile_program(program: ir.TileProgram, tensors: dict, graph: dict) -
             env[op.name] = getattr(torch, "amax" if op.combine == "max" else op.combine)(env[op.source], -1, keepdim=True)
         elif isinstance(op, ir.Accumulate):
             p = env[op.p].transpose(-1, -2) if op.transposed else env[op.p]
-            env[op.acc] = env.get(op.acc, 0) + op.sign * (p @ env[op.v])
+            env[op.acc] = (0 if op.fresh else env.get(op.acc, 0)) + op.sign * (p @ env[op.v])
         elif isinstance(op, ir.Finish):
             value = env[op.acc]
             for kind, row in op.factors:
                 value = value * env[row] if kind == "mul" else value / env[row]
             env[op.name] = value
         elif isinstance(op, ir.Store):
-            tensors[op.tensor] = env[op.value].squeeze(-1) if op.tile == "row values" else env[op.value]
+            value = env[op.value].squeeze(-1) if op.tile == "row values" else env[op.value]
+            tensors[op.tensor] = tensors.get(op.tensor, 0) + value if op.add else value
     return env

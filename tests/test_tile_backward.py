@@ -35,14 +35,20 @@ def test_the_backward_programs_compute_autograds_gradients(name):
     torch.testing.assert_close(tensors[region.output.name].reshape(out.shape), out.detach())
     grad = torch.randn_like(out)
     tensors[f"d{region.output.name}"] = grad.reshape(tensors[region.output.name].shape)
-    for program in lower_backward(region, kinds, PRINTERS):   # an elementwise P reads no statistics
-        evaluate_tile_program(program, tensors, graph)
+    programs, atomics = lower_backward(region, kinds, PRINTERS)
     expected = torch.autograd.grad(out, [leaves[names.index(o.node.name)] for o in (region.q, region.k, region.v)],
                                    grad)
-    for operand, want in zip((region.q, region.k, region.v), expected):
-        got = tensors[f"d{operand.node.name}"]
-        got = got.transpose(-1, -2) if operand.transposed != (operand is region.k) else got
-        torch.testing.assert_close(got.reshape(want.shape), want)
+    # the deterministic programs (an elementwise P reads no statistics), then the key program
+    # that adds each key tile's share of dQ (here one tile: dQ from nothing)
+    for run in (programs, programs[:-2] + (atomics,)):
+        for gradient in (region.q, region.k, region.v):
+            tensors.pop(f"d{gradient.node.name}", None)
+        for program in run:
+            evaluate_tile_program(program, tensors, graph)
+        for operand, want in zip((region.q, region.k, region.v), expected):
+            got = tensors[f"d{operand.node.name}"]
+            got = got.transpose(-1, -2) if operand.transposed != (operand is region.k) else got
+            torch.testing.assert_close(got.reshape(want.shape), want)
 
 
 def test_explain_shows_each_region_s_backward_or_why_not():

@@ -11,9 +11,10 @@ exactly as the forward computes it, from the same inputs.
 
 Layout: the operands Q, K, V and the score chain's inputs are read at their own strides, as in
 the forward; O, dO, m, 1/l and Δ are contiguous ``[B·H, M, …]`` tensors the launch makes; dQ, dK and dV
-are written to contiguous fp32 tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
-heads are summed by the backward of the user's own expand). No atomics: the programs are
-deterministic. Each loop visits only the tiles that the region's -inf masks do not empty, by the
+are written to contiguous tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
+heads are summed by the backward of the user's own expand). These kernels use no atomics; a
+fifth (``BackwardPlan.atomics``) replaces the last two where atomics are allowed, adding each key
+tile's share of dQ to a zeroed fp32 ``dq_sum``. Each loop visits only the tiles that the region's -inf masks do not empty, by the
 masks' intervals, as the forward does (``tile_range``).
 
 Raises BackwardRefused where a program holds what the printer does not print, so the region's
@@ -40,7 +41,7 @@ from .printers import TRITON_DTYPES, Unprintable, literal
 # its columns; None for a row value, one per row). Besides them, ``dg<j>``: the j-th input
 # gradient stored per score tile, [B·H, M, N].
 _OWN = {"m": ("rows", None), "inv_l": ("rows", None), "delta": ("rows", None), "do": ("rows", "DV"), "o": ("rows", "DV"),
-        "dq": ("rows", "D"), "dk": ("keys", "D"), "dv": ("keys", "DV")}
+        "dq": ("rows", "D"), "dk": ("keys", "D"), "dv": ("keys", "DV"), "dq_sum": ("rows", "D")}
 
 # Elementwise ops of the backward programs on printed values: op → Triton format.
 _MAPS = {
@@ -108,6 +109,8 @@ class BackwardPlan:
     input_grads: tuple = ()  # the input indices of the tensors whose gradients the dQ kernel can store
     ops_after_pv: bool = False  # the programs read O and dO before the region's ops after P·V (RegisteredRegion.epilogue)
     slot_values: tuple = ()  # per gradient tile the kernels store (``dg<j>``), the name of the value it belongs to
+    atomics: BackwardKernel | None = None  # replaces the last two kernels where atomics are allowed:
+                                           # dK, dV and each key tile's dS·K added to dQ (``dq_sum``)
 
 
 class _ValuePrinter(_Printer):
@@ -233,7 +236,7 @@ class _Kernel:
             self.row_reduce(op, out)
         elif isinstance(op, ir.Accumulate):
             p = self.tile(op.p, op.transposed)
-            out.append(f"{op.acc} = {self.dot(p, self.tile(op.v, False), op.acc)}")
+            out.append(f"{op.acc} = {self.dot(p, self.tile(op.v, False), '' if op.fresh else op.acc)}")
             self.values[op.acc] = (op.acc, None)
         elif isinstance(op, ir.SkipIf):
             return  # the loop's range (tile_range)
@@ -285,8 +288,10 @@ class _Kernel:
             return
         rows, size = (ROW, "M") if tile == "rows" else ("offs_n[:, None]", "N")
         offs = "offs_d" if cols == "D" else "offs_dv"
-        out.append(f"tl.store({ptr} + (lin.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :], {value}, "
-                   f"mask=({rows} < {size}) & ({offs}[None, :] < {cols}))")
+        # a partial sum (op.add) goes to an fp32 tensor the launch zeroes; relaxed: only the sum matters
+        store, sem = ("tl.atomic_add", ", sem='relaxed'") if op.add else ("tl.store", "")
+        out.append(f"{store}({ptr} + (lin.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :], {value}, "
+                   f"mask=({rows} < {size}) & ({offs}[None, :] < {cols}){sem})")
 
     def tile_range(self, prog: ir.TileProgram) -> list | None:
         """Lines that bound the loop to ``[lo_t, hi_t)``: the tiles it visits outside that range are
@@ -449,11 +454,12 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         raise BackwardRefused("Q and K widened to fp32 before the contraction")
     # the statistics program first, for a softmax (runtime/backward.py skips it after a training forward)
     statistics = () if elementwise_form(r) is not None else (lower_statistics(r, kinds, printable, name),)
-    programs = (*statistics, *lower_backward(r, kinds, printable, name))
+    deterministic, atomics = lower_backward(r, kinds, printable, name)
+    programs = (*statistics, *deterministic)
     options = plan.options
     kernels, lines, bound, slot_values = [], [], (0, 0), []
     out_dtype = attention_output(r).meta["val"].dtype
-    for program in programs:
+    for program in (*programs, atomics):
         printer = _Kernel(r, kinds, options, program)
         kernel = printer.print(out_dtype)
         vp = printer.vp
@@ -466,7 +472,8 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         # its slopes) is not an input of the op (None): its gradient tile goes to the backward of
         # the ops that compute it (runtime/op.Subgraph, BackwardPlan.slot_values)
         nodes = {n.name: n for n in plan.input_nodes}
-        slot_values += kernel.input_grads
+        if program is not atomics:   # its slots are the dQ kernel's, in the same order
+            slot_values += kernel.input_grads
         kernel.input_grads = tuple(plan.input_nodes.index(nodes[name]) if name in nodes else None
                                    for name in kernel.input_grads)
         bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
@@ -480,9 +487,10 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     # the key-side operand of the scores is Kᵀ: its ``transposed`` means its tensor holds K [*, N, D]
     q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
+    *kernels, atomic_kernel = kernels
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
-                        ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values))
+                        ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values), atomics=atomic_kernel)
 
 
 def backward_tiles(d: int, dv: int, per: str) -> list:

@@ -135,8 +135,10 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     with _on(device):
         if repaired:
             _launch(plan, plan.kernels[0], own, inputs, frame, symints, repaired_only=True)
-        for kernel in kernels:
+        *first, dkdv, dq = kernels
+        for kernel in first:
             _launch(plan, kernel, own, inputs, frame, symints, input_grads)
+        _launch_key_kernels(plan, dkdv, dq, own, inputs, frame, symints, input_grads)
     grads: dict = {}
     for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
         g = _as_input(own[name], inputs[where[0]], where)
@@ -191,12 +193,74 @@ def _on(device):
     return torch.cuda.device(device) if device.type == "cuda" else _launching()
 
 
+def _atomics_allowed(plan, device) -> str | None:
+    """Whether dQ may be added by atomics (config.dq_atomics): "always", "tuned" (the tuner
+    chooses) or None."""
+    if plan.atomics is None or config.dq_atomics == "0" or torch.are_deterministic_algorithms_enabled():
+        return None
+    if config.dq_atomics == "1":
+        return "always"
+    return None if interpreting() or device.type != "cuda" else "tuned"
+
+
+def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, symints, input_grads: bool) -> None:
+    """dK and dV, then dQ: by their own kernels, or by ``plan.atomics`` alone (dK·dV's kernel
+    adding each key tile's share of dQ to the zeroed fp32 ``dq_sum``), as ``_atomics_allowed``
+    says. Tuned, the choice is a candidate tile of the pair: ("kernels", tile) launches dK·dV at
+    the tile and dQ at its own tuned tile, ("atomics", tile) the atomic kernel."""
+    allowed = _atomics_allowed(plan, inputs[0].device)
+    if allowed is None:
+        _launch(plan, dkdv, own, inputs, frame, symints, input_grads)
+        _launch(plan, dq, own, inputs, frame, symints, input_grads)
+        return
+    own["dq_sum"] = torch.empty(own["dq"].shape, device=own["dq"].device, dtype=torch.float32)
+    atomic = _runner(plan, plan.atomics, own, inputs, frame, symints, input_grads)
+
+    def run_atomics(tile):
+        own["dq_sum"].zero_()
+        atomic(tile)
+
+    if allowed == "always":
+        run_atomics(_tile(plan, plan.atomics, run_atomics, inputs, frame))
+    else:
+        pair, dq_run = (_runner(plan, kernel, own, inputs, frame, symints, input_grads) for kernel in (dkdv, dq))
+        dq_tile = _tile(plan, dq, dq_run, inputs, frame)
+
+        def run(choice):
+            if choice[0] == "atomics":
+                return run_atomics(choice[1:])
+            pair(choice[1:])
+            dq_run(dq_tile)
+
+        tiles = backward_tiles(plan.d, plan.dv, "key")
+        choice = tuning.choose(f"{dkdv.name}+dq", f"{plan.source}\n# {dkdv.name}, dQ by atomics or not",
+                               [(way, *t) for way in ("kernels", "atomics") for t in tiles],
+                               tuple(str(t.dtype) for t in inputs), _device_label(inputs[0].device.index), frame,
+                               run, capturing=torch.cuda.is_current_stream_capturing(),
+                               device_index=inputs[0].device.index)
+        run(choice)
+        if choice[0] == "kernels":
+            return
+    own["dq"] = own["dq_sum"]
+
+
 def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
             repaired_only: bool = False) -> None:
     """Launch one backward kernel on the tensors ``own`` (by the names the programs give them) and
     the forward's ``inputs``, at the tile the tuner chose for it; the statistics kernel with
     ``repaired_only`` (the row tiles the forward's repair kernel marked) at its first tile, untimed:
     most of its programs return at once."""
+    run = _runner(plan, kernel, own, inputs, frame, symints, input_grads, repaired_only)
+    if repaired_only:
+        run(INTERPRETER_TILE if interpreting() or inputs[0].device.type != "cuda"
+            else backward_tiles(plan.d, plan.dv, kernel.per)[0])
+    else:
+        run(_tile(plan, kernel, run, inputs, frame))
+
+
+def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
+            repaired_only: bool = False):
+    """``run(tile)``: one launch of ``kernel`` at ``tile`` (``_launch``)."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
@@ -216,20 +280,17 @@ def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
         fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
                  BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
 
-    if repaired_only:
-        run(INTERPRETER_TILE if interpreting() or inputs[0].device.type != "cuda"
-            else backward_tiles(plan.d, plan.dv, kernel.per)[0])
-    else:
-        run(_tile(plan, kernel, run, tuple(str(t.dtype) for t in inputs), inputs[0].device, frame))
+    return run
 
 
-def _tile(plan, kernel, run, dtypes, device, frame) -> tuple:
+def _tile(plan, kernel, run, inputs, frame) -> tuple:
     """The kernel's tile: the interpreter's, or the tuner's choice among its candidates (each kernel
     tuned on its own: Δ, dK and dV, dQ read what the kernels before them wrote)."""
+    device = inputs[0].device
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
     return tuning.choose(kernel.name, f"{plan.source}\n# {kernel.name}", backward_tiles(plan.d, plan.dv, kernel.per),
-                         dtypes, _device_label(device.index), frame, run,
+                         tuple(str(t.dtype) for t in inputs), _device_label(device.index), frame, run,
                          capturing=torch.cuda.is_current_stream_capturing(), device_index=device.index)
 
 

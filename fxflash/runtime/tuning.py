@@ -134,6 +134,9 @@ def describe(tile: Tile) -> str:
         return (f"Gluon: {groups} × {t.consumer_rows} rows, {t.block_n}-key tiles, {t.nbuf} K/V buffers"
                 + (", ping-pong" if t.pingpong else "") + (f", {t.ctas} CTAs per SM" if t.ctas > 1 else "")
                 + (", persistent" if t.persistent else ""))
+    if tile[0] in ("kernels", "atomics"):   # runtime/backward._launch_key_kernels
+        how = "dQ added by atomics" if tile[0] == "atomics" else "dQ by its own kernel"
+        return f"{describe(tile[1:])}, {how}"
     bm, bn, warps, stages = tile
     return f"{bm}×{bn} tiles, {warps} warps, {stages} stages"
 

@@ -12,8 +12,10 @@ ops between the contraction and the softmax) and each row's statistics, its maxi
     dS = dx · f′                     the score chain's derivative, op by op (DERIVATIVES)
     dQ = dS·K,  dK = dSᵀ·Q           times the operands' constant scales
 
-as three programs (FlashAttention-2's split, no atomics): Δ per row tile; dK and dV per key
-tile, looping over the row tiles; dQ per row tile, looping over the key tiles. The score
+as three programs (no atomics: deterministic): Δ per row tile; dK and dV per key tile, looping
+over the row tiles; dQ per row tile, looping over the key tiles. A fourth program replaces the
+last two where atomics are allowed (FlashAttention-2's split): per key tile, dK, dV and the
+tile's share of dQ, ``dS·K``, added to dQ in memory, so that P and dP are computed once. The score
 chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
 exactly as in the forward, and the forward's tile masks skip the same tiles. The statistics are
 kept apart rather than as ``L = m + log l``: for a row every key masks with a finite fill
@@ -295,7 +297,8 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
     """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring); for an
     elementwise P (``elementwise_form``), (dK and dV, dQ): P recomputed through the chain, whose
-    derivative takes ``dP`` itself."""
+    derivative takes ``dP`` itself. Returned with the program that replaces the last two where
+    atomics are allowed: dK, dV and each key tile's share of dQ, added atomically."""
     r = region
     p_node = elementwise_form(r)
     x = softmax_form(r)[2] if p_node is None else p_node
@@ -332,17 +335,24 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     # the row values P reads: the statistics and Δ of a softmax, none of an elementwise P
     row_values = () if p_node is not None else (
         Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"), Load("delta", "delta", "row values"))
-    kv = _Lowering(r, kinds, printable)
-    rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values]
-    dkdv = TileProgram(
-        f"{name}_bwd_dkdv", frame,
-        (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
-        tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in _skipping(r)),
-        (*rows, *recompute(kv), Accumulate("dv_acc", "p", "do", transposed=True), Dot("dp", "do", "v"),
-         *gradient_of_x(), *derivative, Accumulate("dk_acc", "ds", "q", transposed=True)),
-        (*_scaled("dk", r.k, "dk_acc"), *_scaled("dv", r.v, "dv_acc")),
-        (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
-        per="key", loop="row")
+    def key_program(suffix: str, dq_atomics: bool) -> TileProgram:
+        """dK and dV per key tile; with ``dq_atomics`` also each tile's dS·K, added to dQ in memory
+        (FlashAttention-2's split: the dQ program's recomputation of P and dP is not needed)."""
+        kv = _Lowering(r, kinds, printable)
+        rows = [kv._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values]
+        dq_part = (*input_grads, Accumulate("dq_part", "ds", "k", fresh=True), *_scaled("dq_sum", r.q, "dq_part"),
+                   Store("dq_sum", f"d{r.q.node.name}", "rows", add=True)) if dq_atomics else ()
+        return TileProgram(
+            f"{name}_bwd_{suffix}", frame,
+            (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
+            tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in _skipping(r)),
+            (*rows, *recompute(kv), Accumulate("dv_acc", "p", "do", transposed=True), Dot("dp", "do", "v"),
+             *gradient_of_x(), *derivative, Accumulate("dk_acc", "ds", "q", transposed=True), *dq_part),
+            (*_scaled("dk", r.k, "dk_acc"), *_scaled("dv", r.v, "dv_acc")),
+            (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
+            per="key", loop="row")
+
+    dkdv = key_program("dkdv", False)
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(
         f"{name}_bwd_dq", frame,
@@ -351,4 +361,5 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
         (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
          Dot("dp", "do", "v"), *gradient_of_x(), *derivative, *input_grads, Accumulate("dq_acc", "ds", "k")),
         tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
-    return (dkdv, dq) if p_node is not None else (delta, dkdv, dq)
+    programs = (dkdv, dq) if p_node is not None else (delta, dkdv, dq)
+    return programs, key_program("dkdvdq", True)

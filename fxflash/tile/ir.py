@@ -108,7 +108,8 @@ class RowReduce:
 @dataclasses.dataclass(frozen=True)
 class Accumulate:
     """``acc += sign · p · v`` (``[BM, BN] · [BN, Dv]``), rescaled like ``p``'s running maximum;
-    ``transposed``: ``acc += pᵀ · v`` (a backward's ``dV += Pᵀ·dO``, per key tile)."""
+    ``transposed``: ``acc += pᵀ · v`` (a backward's ``dV += Pᵀ·dO``, per key tile); ``fresh``:
+    ``acc = p · v``, this tile's own product (a partial sum a Store adds to memory)."""
 
     acc: str
     p: str
@@ -116,11 +117,13 @@ class Accumulate:
     sign: int = 1
     rescaled_by: str | None = None
     transposed: bool = False
+    fresh: bool = False
 
     def __str__(self) -> str:
         rescale = f", rescaled when {self.rescaled_by} grows" if self.rescaled_by else ""
         p = f"{self.p}ᵀ" if self.transposed else self.p
-        return f"{self.acc} {'+=' if self.sign > 0 else '-='} dot({p}, {self.v}){rescale}"
+        op = "=" if self.fresh else "+=" if self.sign > 0 else "-="
+        return f"{self.acc} {op} dot({p}, {self.v}){rescale}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,16 +160,18 @@ class Finish:
 class Store:
     """``tensor[index] = value``: ``tile`` "output" (``[BM, Dv]``), "row values" (``[BM]``), or a
     backward's gradient tiles "rows" (``[BM, D]``, dQ), "keys" (``[BN, D]``, dK and dV) and
-    "scores" (``[BM, BN]``, a bias's, per tile in the loop)."""
+    "scores" (``[BM, BN]``, a bias's, per tile in the loop). ``add``: added atomically to what
+    the tensor holds (the partial sums of several programs: dQ from each key tile's program)."""
 
     value: str
     tensor: str
     tile: str = "output"
+    add: bool = False
 
     def __str__(self) -> str:
         where = {"output": "[rows, :Dv]", "row values": "[rows]", "rows": "[rows, :]", "keys": "[keys, :]",
                  "scores": "[rows, keys]"}[self.tile]
-        return f"store {self.value} → {self.tensor}{where}"
+        return f"{'atomically add' if self.add else 'store'} {self.value} → {self.tensor}{where}"
 
 
 @dataclasses.dataclass(frozen=True)
