@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_attention.py [--variants …] [--seqlens …] [--out CSV]
     PYTHONPATH=. python benchmarks/bench_attention.py --suite beyond [--variants …] [--seqlens …]
+    PYTHONPATH=. python benchmarks/bench_attention.py --suite train [--variants …] [--seqlens …]
 
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
 batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Further index
@@ -26,6 +27,11 @@ seqlen = 16k), the Evoformer's gated row attention (batch 1, 8, 32; N_seq = S = 
 head dim 64 and 128; ``B`` in the CSV is batch × N_seq), sigmoid and ReLU attention (the
 softmax suite's shapes). Their TFLOP/s count the eager program's matrix products:
 ``2·B·Hqk·M·N·D + 2·B·Hv·M·N·Dv``.
+
+The ``train`` suite times one forward plus backward (``run_train``): the softmax family at 4k
+and 16k with 16 heads of dim 64 and with GQA 32/8 at head dim 128, against FlexAttention, SDPA,
+eager and torch.compile; differential attention, the Evoformer (batch 8, its pair bias and gate
+differentiated) and sigmoid attention against eager and torch.compile.
 """
 from __future__ import annotations
 
@@ -419,11 +425,115 @@ def run_beyond(variants, seqlens, out_path, systems=None, resume=False):
                 torch.cuda.empty_cache()
 
 
+TRAIN_SYSTEMS = ("fxflash", "eager", "torch_compile", "flex_kernel", "sdpa")
+TRAIN_SOFTMAX_SHAPES = ((16, 16, 64), (32, 8, 128))   # (H, Hkv, D): MHA at 64, Llama's GQA 32/8 at 128
+
+
+def _train_step(call, leaves, grad):
+    """One forward plus backward of ``call``; the leaves' gradients dropped first, so that a step's
+    peak counts the gradients it makes and not the last step's."""
+    def step():
+        for t in leaves:
+            t.grad = None
+        call().backward(grad)
+    return step
+
+
+def _grads_close(step, leaves, reference, label):
+    """fxflash's gradients against the reference system's, as ``check`` compares outputs (not
+    compared where the reference runs out of memory: eager at 16k)."""
+    step()
+    got = [t.grad.clone() for t in leaves]
+    try:
+        reference()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        print(f"{label}: gradients not compared (the reference ran out of memory)", flush=True)
+        return
+    for a, b in zip(got, (t.grad for t in leaves)):
+        check(a, b, f"{label} gradient")
+
+
+# the inputs of a train case that take no gradient (the Evoformer's 0/1 mask)
+NO_GRADIENT = {"evoformer_row": (3,), "evoformer_col": (3,)}
+
+
+def run_train(variants, seqlens, out_path, systems=None, resume=False, tokens=16384):
+    """The ``train`` suite: ``ms`` is one forward plus backward (gradients of every floating
+    input), ``peak_mb`` the peak beyond the inputs and their gradients, TFLOP/s the dense count
+    times 3.5 (the backward's five products against the forward's two). The softmax family at
+    each ``TRAIN_SOFTMAX_SHAPES``, against FlexAttention (block mask built once) and SDPA where it
+    applies; ``beyond`` variants (differential attention, the Evoformer with its pair bias and
+    gate, sigmoid attention) at the beyond suite's shapes, against eager and torch.compile.
+    fxflash's rows are recorded only where its report says the region fused forward and backward
+    and its gradients match the reference system's."""
+    dtype, device = torch.bfloat16, "cuda"
+    flex, create_block_mask = flex_api()
+    with result_rows(out_path, resume) as record:
+        for name in variants:
+            if name in SUITES["beyond"] or name.startswith(("diff_", "evoformer")):
+                cases = [(dict(dtype="bf16", **fields), fn, args, 3.5 * flops)
+                         for fields, fn, args, flops in beyond_cases(name, seqlens, device, dtype, batches=(8,))]
+            else:
+                cases = []
+                for S in seqlens:
+                    for H, Hkv, D in TRAIN_SOFTMAX_SHAPES:
+                        B = max(1, tokens // S)
+                        fields = dict(B=B, H=H, Hkv=Hkv, M=S, N=S, D=D, Dv=D, dtype="bf16")
+                        cases.append((fields, (B, H, Hkv, S, D), None, 3.5 * 2 * B * H * S * S * 2 * D))
+            for fields, fn, args, flops in cases:
+                row = dict(suite="train", variant=name, **fields)
+                todo = record.todo(row, systems or TRAIN_SYSTEMS)
+                if not todo:
+                    continue
+                torch._dynamo.reset()
+                score_mod = mask_mod = sdpa = None
+                if args is None:   # a softmax-family case: its program, FlexAttention's mods, SDPA
+                    B, H, Hkv, S, D = fn
+                    fn, args, score_mod, mask_mod, sdpa = case(name, B, H, Hkv, S, D, device, dtype)
+                args = tuple(a.detach().requires_grad_(a.is_floating_point() and i not in NO_GRADIENT.get(name, ()))
+                             for i, a in enumerate(args))
+                leaves = [a for a in args if a.requires_grad]
+                fast, compiled = fxflash.optimize(fn), torch.compile(fn, dynamic=False)
+                calls = {"fxflash": lambda: fast(*args), "eager": lambda: fn(*args),
+                         "torch_compile": lambda: compiled(*args)}
+                if score_mod is not None or mask_mod is not None or name == "vanilla":
+                    q, k, v = args[:3]
+                    block_mask = None if mask_mod is None else create_block_mask(
+                        mask_mod, B if name in PER_BATCH_MASKS else None, None, S, S, device=device)
+                    calls["flex_kernel"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                        enable_gqa=Hkv != H)
+                if sdpa is not None:
+                    calls["sdpa"] = lambda: sdpa(*args[:3])
+                grad = torch.randn_like(fn(*args).detach())
+                steps = {system: _train_step(call, leaves, grad) for system, call in calls.items()}
+                label = f"{name:<18} {str(fields):<80}"
+
+                def check_fxflash():
+                    check_fused(fast, args, label)
+                    notes = [r.backward for r in fast.report(*args).regions]
+                    if notes != ["fused"] * len(notes):
+                        raise AssertionError(f"{label}: backward not fused: {notes}")
+                    reference = steps.get("flex_kernel") or steps["eager"]
+                    _grads_close(steps["fxflash"], leaves, reference, label)
+
+                for system, step in steps.items():
+                    if system in todo:
+                        record(row, system, label, check_fxflash if system == "fxflash" else (lambda: None),
+                               step, flops)
+                for t in leaves:
+                    t.grad = None
+                calls.clear(), steps.clear()
+                torch.cuda.empty_cache()
+
+
 EXTRA_MASKS = ["block_causal", "dilated_window", "neighbourhood_2d", "key_lengths"]  # --variants only
 PER_BATCH_MASKS = ("document_mask", "key_lengths")  # FlexAttention's block mask is built per batch
 SUITES = {
     "softmax": ["vanilla", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask"],
     "beyond": ["diff_attention", "evoformer_row", "sigmoid_attention", "relu_attention"],
+    "train": ["vanilla", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask",
+              "diff_attention", "evoformer_row", "sigmoid_attention"],
 }
 
 
@@ -443,6 +553,8 @@ def main():
     if opts.suite == "beyond":
         seqlens = opts.seqlens or [512, 1024, 2048, 4096, 8192, 16384]
         run_beyond(variants, seqlens, out, systems=opts.systems)
+    elif opts.suite == "train":
+        run_train(variants, opts.seqlens or [4096, 16384], out, systems=opts.systems)
     else:
         seqlens = opts.seqlens or [1024, 4096, 16384]
         run(variants, seqlens, [g == "gqa" for g in opts.gqa], out, systems=opts.systems)
