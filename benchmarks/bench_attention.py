@@ -505,7 +505,7 @@ def run_train(variants, seqlens, out_path, systems=None, resume=False, tokens=16
                                                         enable_gqa=Hkv != H)
                 if sdpa is not None:
                     calls["sdpa"] = lambda: sdpa(*args[:3])
-                grad = torch.randn_like(fn(*args).detach())
+                grad = torch.randn_like(fast(*args).detach())
                 steps = {system: _train_step(call, leaves, grad) for system, call in calls.items()}
                 label = f"{name:<18} {str(fields):<80}"
 
