@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fxflash
-from fxflash.runtime import cache, tuning
+from fxflash.runtime import cache, op, tuning
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_fused
 from test_tuning import CANDIDATES, FakeGPU, choose
@@ -229,8 +229,6 @@ def test_deleted_callables_free_their_regions():
     whose regions stay registered while the optimized callable lives; deleting it frees them."""
     import gc
 
-    from fxflash.runtime import op
-
     variant = VARIANTS["vanilla"]
     before = set(op._REGISTRY)
     optimized = fxflash.optimize(variant.fn)
@@ -255,3 +253,22 @@ def test_identical_regions_print_one_source():
     report = fxflash.explain(two_layers, *variant.inputs(shape), *variant.inputs(shape))
     first, second = assert_fused(report, 2)
     assert first.source == second.source
+
+
+def test_identical_regions_print_one_backward_source():
+    """The backward programs name their values by the FX nodes (``d_div_3_from_where_3``): printed,
+    identical layers' backward kernels are one source too."""
+    variant = VARIANTS["causal"]
+    shape = Shape(B=1, H=2, Hkv=2, M=16, N=16, D=16, Dv=16)
+
+    def two_layers(q, k, v, q2, k2, v2):
+        return variant.fn(q, k, v) + variant.fn(q2, k2, v2)
+
+    before = set(op._REGISTRY)
+    fast = fxflash.optimize(two_layers)
+    args = [t.requires_grad_() for t in (*variant.inputs(shape), *variant.inputs(shape))]
+    assert_fused(fast.report(*args), 2)
+    fast(*args)
+    entries = [op._REGISTRY[key] for key in set(op._REGISTRY) - before]
+    assert len(entries) == 2 and entries[0].plan.backward is not None
+    assert entries[0].plan.backward.source == entries[1].plan.backward.source

@@ -53,6 +53,10 @@ _MAPS = {
     "threshold_backward": "tl.where({1} <= {2}, 0.0, {0})",  # ATen's: g where y > threshold
 }
 
+# The backward programs' own value names, printed as they are (``_Kernel.var``).
+_FIXED_NAMES = {"p", "e", "x_minus_m", "dp", "dp_minus_delta", "dx", "ds", "do_o", "delta", "dv_acc", "dk_acc",
+                "dq_acc", "dq_part", "dq_sum", "dq", "dk", "dv", "m", "l", "inv_l", "xs"}
+
 aten = torch.ops.aten
 _VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
           aten.clone.default, aten.alias.default}
@@ -138,6 +142,7 @@ class _Kernel:
         self.values: dict = {}   # IR name → (code, dtype of the tile: a torch dtype, or None for fp32)
         self.transposed: set = set()  # names whose variable holds the tile's transpose
         self.own: list = []
+        self.renamed: dict = {}   # IR value name → printed variable (``var``)
         self.input_grads: list = []   # the inputs whose gradient tiles it stores (Store "scores")
         self.operands = {"q": region.q, "k": region.k, "v": region.v}  # by the programs' names of their tiles
 
@@ -152,6 +157,15 @@ class _Kernel:
         if node is None:
             raise BackwardRefused(f"{self.program.name}: the value {a} is not printed")
         return self.vp.arg(node, self.vp.frame_idx).code
+
+    def var(self, name: str) -> str:
+        """The variable of the program's value ``name``: the programs name values by the FX nodes
+        they come from (``d_div_3_from_where_3``), which differ between identical layers; printed
+        as ``g<i>`` in order of first appearance, so that identical regions print one source (one
+        compilation, one tuning). The programs' own names (``p``, ``ds``, ``dk_acc``) stay."""
+        if name in _FIXED_NAMES:
+            return name
+        return self.renamed.setdefault(name, f"g{len(self.renamed)}")
 
     def own_param(self, name: str) -> str:
         if name not in self.own:
@@ -217,10 +231,10 @@ class _Kernel:
         elif isinstance(op, ir.Index):
             return  # printed where a value reads it
         elif isinstance(op, ir.Dot):   # name = a · bᵀ
-            out.append(f"{op.name} = {self.dot(self.tile(op.a, False), self.tile(op.b, True))}")
-            self.values[op.name] = (op.name, None)
+            out.append(f"{self.var(op.name)} = {self.dot(self.tile(op.a, False), self.tile(op.b, True))}")
+            self.values[op.name] = (self.var(op.name), None)
             if op.name == self.r.frame.name:
-                vp.vars[self.r.frame] = Value(op.name, True)
+                vp.vars[self.r.frame] = Value(self.var(op.name), True)
         elif isinstance(op, ir.Map) and op.name in self.chain and op.name in self.nodes:
             node = self.nodes[op.name]
             if node.target in _VIEWS and node.args[0] in vp.vars:   # a view in the score frame
@@ -236,8 +250,8 @@ class _Kernel:
             self.row_reduce(op, out)
         elif isinstance(op, ir.Accumulate):
             p = self.tile(op.p, op.transposed)
-            out.append(f"{op.acc} = {self.dot(p, self.tile(op.v, False), '' if op.fresh else op.acc)}")
-            self.values[op.acc] = (op.acc, None)
+            out.append(f"{self.var(op.acc)} = {self.dot(p, self.tile(op.v, False), '' if op.fresh else self.var(op.acc))}")
+            self.values[op.acc] = (self.var(op.acc), None)
         elif isinstance(op, ir.SkipIf):
             return  # the loop's range (tile_range)
         elif isinstance(op, ir.Store):
@@ -254,8 +268,8 @@ class _Kernel:
             raise BackwardRefused(f"{self.program.name}: no printer for the backward op {op.op}")
         if op.name in ("p", "ds"):   # rows and keys outside the frame hold no probability
             code = f"tl.where(valid, {code}, 0.0)"
-        out.append(f"{op.name} = {code}")
-        self.values[op.name] = (op.name, None)
+        out.append(f"{self.var(op.name)} = {code}")
+        self.values[op.name] = (self.var(op.name), None)
 
     def row_reduce(self, op: ir.RowReduce, out: list) -> None:
         """The statistics program's online max and sum (``e`` is printed against the running
@@ -395,7 +409,7 @@ class _Kernel:
             if isinstance(op, ir.Accumulate):
                 rows = "BLOCK_N" if op.transposed else "BLOCK_M"
                 cols = "DVP" if op.v in ("do", "o") else "DP"
-                pre.append(f"{op.acc} = tl.zeros([{rows}, {cols}], tl.float32)")
+                pre.append(f"{self.var(op.acc)} = tl.zeros([{rows}, {cols}], tl.float32)")
         for op in prog.prologue:
             self.op(op, pre)
         loop: list = []
