@@ -17,6 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 from train_gpt import GPT, markov_batches  # noqa: E402
 
+import fxflash  # noqa: E402,F401 - registers the backend (not installed as a package here)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
