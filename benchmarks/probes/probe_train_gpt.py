@@ -1,8 +1,13 @@
 """Where a training step of examples/train_gpt.py goes, per path: wall time per step against the
 GPU's busy time, and the kernels and host ops that take it (torch profiler, 5 steps after 12).
 
-    PYTHONPATH=. python benchmarks/probes/probe_train_gpt.py [--paths fxflash inductor] [--rows 12]
+    PYTHONPATH=. python benchmarks/probes/probe_train_gpt.py [--paths fxflash inductor] [--rows 12] [--cprofile]
+
+``--cprofile`` also prints the host functions of fxflash's that take the most time over 5 steps
+(cProfile, cumulative).
 """
+import cProfile
+import pstats
 import argparse
 import copy
 import os
@@ -24,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--paths", nargs="*", default=["fxflash", "inductor"])
     parser.add_argument("--rows", type=int, default=12)
+    parser.add_argument("--cprofile", action="store_true")
     opts = parser.parse_args()
     torch.manual_seed(0)
     initial = GPT(512, 512, 6, 8, 1024)
@@ -54,6 +60,14 @@ def main() -> None:
             for tokens in batches[15:20]:
                 step(tokens)
             torch.cuda.synchronize()
+        if opts.cprofile:
+            host = cProfile.Profile()
+            host.enable()
+            for tokens in batches[15:20]:
+                step(tokens)
+            torch.cuda.synchronize()
+            host.disable()
+            pstats.Stats(host).sort_stats("cumulative").print_stats("fxflash", opts.rows * 2)
         events = prof.key_averages()
         busy = sum(e.self_device_time_total for e in events) / 5 / 1e3
         print(f"== {path}: median step {statistics.median(times) * 1e3:.2f} ms, GPU busy {busy:.2f} ms per step")

@@ -14,6 +14,7 @@ they are for sizes the kernels cannot index.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -233,7 +234,7 @@ def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, sy
             dq_run(dq_tile)
 
         tiles = backward_tiles(plan.d, plan.dv, "key")
-        choice = tuning.choose(f"{dkdv.name}+dq", f"{plan.source}\n# {dkdv.name}, dQ by atomics or not",
+        choice = tuning.choose(f"{dkdv.name}+dq", _tuning_source(plan.source, f"{dkdv.name}, dQ by atomics or not"),
                                [(way, *t) for way in ("kernels", "atomics") for t in tiles],
                                tuple(str(t.dtype) for t in inputs), _device_label(inputs[0].device.index), frame,
                                run, capturing=torch.cuda.is_current_stream_capturing(),
@@ -289,9 +290,16 @@ def _tile(plan, kernel, run, inputs, frame) -> tuple:
     device = inputs[0].device
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
-    return tuning.choose(kernel.name, f"{plan.source}\n# {kernel.name}", backward_tiles(plan.d, plan.dv, kernel.per),
+    return tuning.choose(kernel.name, _tuning_source(plan.source, kernel.name), backward_tiles(plan.d, plan.dv, kernel.per),
                          tuple(str(t.dtype) for t in inputs), _device_label(device.index), frame, run,
                          capturing=torch.cuda.is_current_stream_capturing(), device_index=device.index)
+
+
+@functools.lru_cache(maxsize=128)
+def _tuning_source(source: str, kernel: str) -> str:
+    """What the tuner keys one kernel of the module by: its source and the kernel's name (one
+    string per kernel, made once: its hash is computed on every call otherwise)."""
+    return f"{source}\n# {kernel}"
 
 
 def _eager_gradients(entry, inputs, grad, extras, input_grads: bool) -> list:

@@ -17,6 +17,7 @@ tuned again in each process. No pickle is used anywhere.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -82,7 +83,10 @@ def _distrust(path: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=128)
 def source_key(source: str) -> str:
+    """The kernel module's key: a hash of its source and of the Triton and torch versions (kept
+    for the sources seen last: a backward looks its kernels up on every call)."""
     h = hashlib.sha256()
     for part in (source, triton.__version__, torch.__version__):
         h.update(part.encode())
