@@ -66,6 +66,23 @@ def test_fused_backward_on_gpu(name, shape):
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn, inner="eager"), args, wrt=(0, 1, 2))
 
 
+@pytest.mark.parametrize("atomics", ["0", "1"])
+@pytest.mark.parametrize("name", ["causal", "alibi", "gqa_expand"])
+def test_remembered_backward_launches_on_gpu(name, atomics, monkeypatch):
+    """The backward's second call in one layout replays its launches (runtime/backward._Bound),
+    dQ by its own kernel or added by atomics: the gradients of new inputs are as accurate as the
+    first call's."""
+    from fxflash.runtime import op
+
+    monkeypatch.setattr(fxflash.config, "dq_atomics", atomics)
+    variant = VARIANTS[name]
+    fast = fxflash.optimize(variant.fn, inner="eager")
+    for seed in (0, 1):
+        args = [a.roll(seed, -1) for a in variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")]
+        assert_gradients_accurate(variant.fn, fast, args, wrt=(0, 1, 2))
+    assert any(entry.bound_backward for entry in op._REGISTRY.values())
+
+
 def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
     """bf16: a per-head bias's gradient from the dQ kernel; rows a finfo.min mask empties."""
     from test_fused_backward import _biased, padded, padded_keep

@@ -25,7 +25,8 @@ from ..codegen.emit import _pow2
 from ..config import config, interpreting
 from .cache import load_kernel
 from . import tuning
-from .launch import LaunchValues, _device_label, _kernel_args, _launching, min_max_per_tile
+from .launch import (TENSOR_KINDS, Launcher, LaunchValues, _device_label, _filled, _kernel_args, _launching,
+                     min_max_per_tile)
 
 INT32_LIMIT = 2 ** 31
 
@@ -133,13 +134,26 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     slots = [i for kernel in plan.kernels for i in kernel.input_grads]
     own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
                 for j in range(len(slots))})
+    key = _layout_key(inputs, own, frame, symints, input_grads, (repaired, *(k.name for k in kernels)))
+    steps = entry.bound_backward.get(key) if key is not None else None
     with _on(device):
-        if repaired:
-            _launch(plan, plan.kernels[0], own, inputs, frame, symints, repaired_only=True)
-        *first, dkdv, dq = kernels
-        for kernel in first:
-            _launch(plan, kernel, own, inputs, frame, symints, input_grads)
-        _launch_key_kernels(plan, dkdv, dq, own, inputs, frame, symints, input_grads)
+        if steps is not None:   # this layout's launches, remembered (_Bound)
+            for step in steps:
+                step(own, inputs, frame, symints)
+        else:
+            steps = []
+            if repaired:
+                _launch(plan, plan.kernels[0], own, inputs, frame, symints, repaired_only=True, record=steps)
+            *first, dkdv, dq = kernels
+            for kernel in first:
+                _launch(plan, kernel, own, inputs, frame, symints, input_grads, record=steps)
+            _launch_key_kernels(plan, dkdv, dq, own, inputs, frame, symints, input_grads, record=steps)
+            if key is not None and None not in steps and not torch.cuda.is_current_stream_capturing():
+                if len(entry.bound_backward) >= BOUND_CAPACITY:
+                    entry.bound_backward.clear()
+                entry.bound_backward[key] = steps
+    if "dq_sum" in own:   # dQ added by atomics, in fp32
+        own["dq"] = own["dq_sum"]
     grads: dict = {}
     for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
         g = _as_input(own[name], inputs[where[0]], where)
@@ -204,64 +218,125 @@ def _atomics_allowed(plan, device) -> str | None:
     return None if interpreting() or device.type != "cuda" else "tuned"
 
 
-def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, symints, input_grads: bool) -> None:
+def _zero_dq_sum(own: dict, inputs, frame, symints) -> None:
+    """The fp32 dQ that the atomic kernel adds to (a step of a remembered launch)."""
+    own["dq_sum"] = torch.zeros(own["dq"].shape, device=own["dq"].device, dtype=torch.float32)
+
+
+def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, symints, input_grads: bool,
+                        record: list) -> None:
     """dK and dV, then dQ: by their own kernels, or by ``plan.atomics`` alone (dK·dV's kernel
     adding each key tile's share of dQ to the zeroed fp32 ``dq_sum``), as ``_atomics_allowed``
     says. Tuned, the choice is a candidate tile of the pair: ("kernels", tile) launches dK·dV at
-    the tile and dQ at its own tuned tile, ("atomics", tile) the atomic kernel."""
+    the tile and dQ at its own tuned tile, ("atomics", tile) the atomic kernel. The launches made
+    are appended to ``record`` (``_launch``)."""
     allowed = _atomics_allowed(plan, inputs[0].device)
     if allowed is None:
-        _launch(plan, dkdv, own, inputs, frame, symints, input_grads)
-        _launch(plan, dq, own, inputs, frame, symints, input_grads)
+        _launch(plan, dkdv, own, inputs, frame, symints, input_grads, record=record)
+        _launch(plan, dq, own, inputs, frame, symints, input_grads, record=record)
         return
-    own["dq_sum"] = torch.empty(own["dq"].shape, device=own["dq"].device, dtype=torch.float32)
     atomic = _runner(plan, plan.atomics, own, inputs, frame, symints, input_grads)
 
     def run_atomics(tile):
-        own["dq_sum"].zero_()
-        atomic(tile)
+        _zero_dq_sum(own, inputs, frame, symints)
+        return atomic(tile)
 
     if allowed == "always":
-        run_atomics(_tile(plan, plan.atomics, run_atomics, inputs, frame))
-    else:
-        pair, dq_run = (_runner(plan, kernel, own, inputs, frame, symints, input_grads) for kernel in (dkdv, dq))
-        dq_tile = _tile(plan, dq, dq_run, inputs, frame)
+        tile = _tile(plan, plan.atomics, run_atomics, inputs, frame)
+        own.pop("dq_sum", None)
+        record += [_zero_dq_sum, _bound(plan.atomics, run_atomics(tile))]
+        return
+    pair, dq_run = (_runner(plan, kernel, own, inputs, frame, symints, input_grads) for kernel in (dkdv, dq))
+    dq_tile = _tile(plan, dq, dq_run, inputs, frame)
 
-        def run(choice):
-            if choice[0] == "atomics":
-                return run_atomics(choice[1:])
-            pair(choice[1:])
-            dq_run(dq_tile)
+    def run(choice):
+        if choice[0] == "atomics":
+            return [_zero_dq_sum, _bound(plan.atomics, run_atomics(choice[1:]))]
+        return [_bound(dkdv, pair(choice[1:])), _bound(dq, dq_run(dq_tile))]
 
-        tiles = backward_tiles(plan.d, plan.dv, "key")
-        choice = tuning.choose(f"{dkdv.name}+dq", _tuning_source(plan.source, f"{dkdv.name}, dQ by atomics or not"),
-                               [(way, *t) for way in ("kernels", "atomics") for t in tiles],
-                               tuple(str(t.dtype) for t in inputs), _device_label(inputs[0].device.index), frame,
-                               run, capturing=torch.cuda.is_current_stream_capturing(),
-                               device_index=inputs[0].device.index)
-        run(choice)
-        if choice[0] == "kernels":
-            return
-    own["dq"] = own["dq_sum"]
+    tiles = backward_tiles(plan.d, plan.dv, "key")
+    choice = tuning.choose(f"{dkdv.name}+dq", _tuning_source(plan.source, f"{dkdv.name}, dQ by atomics or not"),
+                           [(way, *t) for way in ("kernels", "atomics") for t in tiles],
+                           tuple(str(t.dtype) for t in inputs), _device_label(inputs[0].device.index), frame,
+                           run, capturing=torch.cuda.is_current_stream_capturing(),
+                           device_index=inputs[0].device.index)
+    own.pop("dq_sum", None)   # the tuner's atomic runs made one
+    record += run(choice)
 
 
 def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
-            repaired_only: bool = False) -> None:
+            repaired_only: bool = False, record: list | None = None) -> None:
     """Launch one backward kernel on the tensors ``own`` (by the names the programs give them) and
     the forward's ``inputs``, at the tile the tuner chose for it; the statistics kernel with
     ``repaired_only`` (the row tiles the forward's repair kernel marked) at its first tile, untimed:
-    most of its programs return at once."""
+    most of its programs return at once. The launch, bound (``_Bound``; None where it cannot be),
+    is appended to ``record``."""
     run = _runner(plan, kernel, own, inputs, frame, symints, input_grads, repaired_only)
     if repaired_only:
-        run(INTERPRETER_TILE if interpreting() or inputs[0].device.type != "cuda"
-            else backward_tiles(plan.d, plan.dv, kernel.per)[0])
+        launched = run(INTERPRETER_TILE if interpreting() or inputs[0].device.type != "cuda"
+                       else backward_tiles(plan.d, plan.dv, kernel.per)[0])
     else:
-        run(_tile(plan, kernel, run, inputs, frame))
+        launched = run(_tile(plan, kernel, run, inputs, frame))
+    if record is not None:
+        record.append(_bound(kernel, launched))
+
+
+# The layouts whose backward launches a region remembers (RegisteredRegion.bound_backward), at most.
+BOUND_CAPACITY = 64
+
+
+def _layout_key(inputs, own: dict, frame, symints, input_grads: bool, launches: tuple):
+    """What fixes every argument of the backward's launches but the tensors (Triton specializes
+    each pointer on its 16-byte alignment), and the kernels and tiles chosen: None where launches
+    are not remembered (``Launcher.binds``). ``launches``: whether the repaired rows' statistics
+    are computed, and the kernels to launch."""
+    if not Launcher.binds(inputs[0]):
+        return None
+    return (tuning.state(), torch.cuda.current_device(), tuple(frame), tuple(symints), input_grads, launches,
+            config.dq_atomics, torch.are_deterministic_algorithms_enabled(),
+            tuple((t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in inputs),
+            tuple((name, t.data_ptr() % 16 == 0) for name, t in own.items()))
+
+
+class _Bound:
+    """One backward kernel's launch remembered for a layout: Triton's compiled kernel indexed by
+    its grid, called directly (no JIT entry: its binding of about forty arguments costs more host
+    time than a short kernel runs) with the arguments of the first launch, the tensors filled in."""
+
+    def __init__(self, runner, template: list, slots: list, kernel, block: int):
+        self.runner, self.template, self.slots, self.kernel, self.block = runner, template, slots, kernel, block
+
+    def __call__(self, own: dict, inputs, frame, symints) -> None:
+        summaries = [min_max_per_tile(inputs[i], axis, self.block) for i, axis in self.kernel.summaries]
+        args = _filled(self.template, self.slots, LaunchValues(inputs, frame, None, [], summaries, tuple(symints)))
+        args[:len(self.kernel.own)] = [own[name] for name in self.kernel.own]
+        self.runner(*args)
+
+
+def _bound(kernel, launched) -> _Bound | None:
+    """``launched`` (``_runner``'s (function, compiled kernel, grid, arguments, compile-time
+    arguments, block)) as a _Bound, or None where Triton's objects do not have the form it needs."""
+    if launched is None:
+        return None
+    fn, compiled, grid, args, constexprs, block = launched
+    names = getattr(fn, "arg_names", None)
+    runtime = len(args)
+    if not hasattr(compiled, "__getitem__") or names is None or sorted(names[runtime:]) != sorted(constexprs):
+        return None
+    lead = len(kernel.own)
+    slots = [(lead + j, spec) for j, spec in enumerate(kernel.args) if spec[0] in TENSOR_KINDS]
+    template = [*args, *(constexprs[name] for name in names[runtime:])]
+    for position, _ in slots:
+        template[position] = None   # hold no tensor of this call
+    for position in range(lead):
+        template[position] = None
+    return _Bound(compiled[(*grid, 1, 1)[:3]], template, slots, kernel, block)
 
 
 def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
             repaired_only: bool = False):
-    """``run(tile)``: one launch of ``kernel`` at ``tile`` (``_launch``)."""
+    """``run(tile)``: one launch of ``kernel`` at ``tile`` (``_launch``), returning what ``_bound``
+    reads."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
@@ -278,8 +353,10 @@ def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
         flags = {"STORE_DG": input_grads} if kernel.input_grads else {}
         if kernel.statistics:
             flags["REPAIRED_ONLY"] = repaired_only
-        fn[grid](*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values), **dims,
-                 BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
+        args = [*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values)]
+        constexprs = {**dims, "BLOCK_M": bm, "BLOCK_N": bn, **flags}
+        compiled = fn[grid](*args, **constexprs, num_warps=warps, num_stages=stages)
+        return fn, compiled, grid, args, constexprs, block
 
     return run
 

@@ -53,6 +53,8 @@ class RegisteredRegion:
     computed: dict = dataclasses.field(default_factory=dict)  # gradient tile j → the Subgraph computing its value
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
+    # the backward's launches per layout (runtime/backward._layout_key → its _Bound steps)
+    bound_backward: dict = dataclasses.field(init=False, default_factory=dict)
 
     def __post_init__(self):
         self.launcher = Launcher(self.plan, self.kernel)
