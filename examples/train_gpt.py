@@ -3,6 +3,7 @@
     python examples/train_gpt.py                                 # 300 steps, each of eager, torch.compile, fxflash
     python examples/train_gpt.py --paths fxflash --steps 50 --out curve.png
     python examples/train_gpt.py --tiny --device cpu --steps 3   # a check that runs anywhere (interpreter)
+    python examples/train_gpt.py --plot-only losses.csv --out curve.png   # redraw a --csv file
 
 The model: 6 layers, width 512, 8 heads, 1024 tokens of context, causal attention written as
 matmul, ``masked_fill`` and softmax (what fxflash fuses, forward and backward). bf16 autocast,
@@ -130,9 +131,16 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="2 layers, width 64, 2 heads, 64 tokens")
     parser.add_argument("--out", default=None, help="a plot of the loss curves (PNG)")
     parser.add_argument("--csv", default=None, help="the losses per step")
+    parser.add_argument("--plot-only", default=None, help="draw --out from a --csv file, train nothing")
     opts = parser.parse_args()
-    device = torch.device(opts.device)
     layers, width, heads, context, vocab = (2, 64, 2, 64, 128) if opts.tiny else (6, 512, 8, 1024, 512)
+    title = f"GPT {layers}×{width}, {heads} heads, {context} tokens, bf16 autocast"
+    if opts.plot_only:
+        with open(opts.plot_only, newline="") as f:
+            rows = list(csv.DictReader(f))
+        plot({path: [float(row[path]) for row in rows] for path in rows[0] if path != "step"}, title, opts.out)
+        return
+    device = torch.device(opts.device)
     torch.manual_seed(0)
     initial = GPT(vocab, width, layers, heads, context)
     batches = markov_batches(opts.steps, opts.batch, context, vocab)
@@ -160,18 +168,22 @@ def main() -> None:
             writer.writerow(["step", *curves])
             writer.writerows([step, *(f"{curves[p][step]:.5f}" for p in curves)] for step in range(opts.steps))
     if opts.out:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plot(curves, title, opts.out)
 
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for path, losses in curves.items():
-            ax.plot(losses, label=path, linewidth=1)
-        ax.set(xlabel="step", ylabel="training loss", yscale="log",
-               title=f"GPT {layers}×{width}, {heads} heads, {context} tokens, bf16 autocast")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(opts.out, dpi=120)
+
+def plot(curves: dict, title: str, out: str) -> None:
+    """The loss curves, one per path, as a PNG (matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for path, losses in curves.items():
+        ax.plot(losses, label=path, linewidth=1)
+    ax.set(xlabel="step", ylabel="training loss", yscale="log", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
 
 
 if __name__ == "__main__":
