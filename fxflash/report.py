@@ -92,7 +92,8 @@ class RegionReport:
             lines.append(textwrap.indent(str(self.tile_program), "  "))
         if self.backward_programs:
             lines.append(f"  backward: fused, {len(self.backward_programs)} kernels from tile programs "
-                         "(.backward_programs: " + ", ".join(p.name for p in self.backward_programs) + ")")
+                         "(.backward_programs: " + ", ".join(p.name for p in self.backward_programs)
+                         + "; on a GPU, dK·dV's kernel may add dQ by atomics instead: config.dq_atomics)")
         elif self.backward:
             lines.append(f"  backward: {self.backward}")
         lines.append("  nodes:")

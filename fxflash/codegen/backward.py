@@ -1,6 +1,6 @@
 """The backward kernels of a fused region, printed from its backward tile programs.
 
-``emit_backward`` prints one Triton module of four kernels, each from one tile program of
+``emit_backward`` prints one Triton module of five kernels, each from one tile program of
 ``tile/backward.py``: the row statistics ``m`` and ``1/l`` (``lower_statistics``, launched only
 after a forward that did not store them: KernelPlan.training does), Δ, dK and dV per key tile,
 and dQ per row tile. The printer walks each program's
@@ -13,9 +13,9 @@ Layout: the operands Q, K, V and the score chain's inputs are read at their own 
 the forward; O, dO, m, 1/l and Δ are contiguous ``[B·H, M, …]`` tensors the launch makes; dQ, dK and dV
 are written to contiguous tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
 heads are summed by the backward of the user's own expand). These kernels use no atomics; a
-fifth (``BackwardPlan.atomics``) replaces the last two where atomics are allowed, adding each key
-tile's share of dQ to a zeroed fp32 ``dq_sum``. Each loop visits only the tiles that the region's -inf masks do not empty, by the
-masks' intervals, as the forward does (``tile_range``).
+fifth (``BackwardPlan.atomics``) replaces the last two where atomics are allowed, adding each
+key tile's share of dQ to a zeroed fp32 ``dq_sum``. Each loop visits only the tiles that the
+region's -inf masks do not empty, by the masks' intervals, as the forward does (``tile_range``).
 
 Raises BackwardRefused where a program holds what the printer does not print, so the region's
 backward recomputes it eagerly; the reason is reported by ``explain()``.
