@@ -15,9 +15,9 @@ FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum
          "gqa_expand", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal",
          "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
          "sigmoid_attention", "relu_attention",   # P an elementwise function of the scores
-         "evoformer_row"]                         # a gate and a transpose after P·V
-EAGER = {"diff_attention": "several score contractions", "softmax_one": "P other than the softmax's",
-         "retention_norm": "reductions other than one softmax"}
+         "evoformer_row",                         # a gate and a transpose after P·V
+         "softmax_one"]                           # the quiet softmax: exp(x) / (1 + Σ exp(x))
+EAGER = {"diff_attention": "several score contractions", "retention_norm": "reductions other than one softmax"}
 
 
 def _fused_backward(name, args):
@@ -287,6 +287,23 @@ def test_the_fused_backward_can_be_turned_off(monkeypatch):
     assert _fused_backward("softcap", args) == ["fused"]   # the region is fused; its backward is not used
     with fxflash.config.overridden(fused_backward=False):
         assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
+
+
+def test_the_quiet_softmax_s_statistics_from_the_backward_s_own_kernel(monkeypatch):
+    """With ``forward_statistics`` off the statistics kernel gives the quiet softmax's row
+    values, ``c = max(m, 0)`` and ``1/(Σ exp(x − c) + exp(−c))``, from its own max and sum."""
+    import fxflash.runtime.backward as backward
+
+    launched = []
+    runner = backward._runner
+    monkeypatch.setattr(backward, "_runner", lambda plan, kernel, *a, **k: launched.append(kernel.name.rsplit("_", 1)[-1])
+                        or runner(plan, kernel, *a, **k))
+    monkeypatch.setattr(fxflash.config, "forward_statistics", False)
+    variant = VARIANTS["softmax_one"]
+    args = variant.inputs(SHAPE)
+    assert _fused_backward("softmax_one", args) == ["fused"]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
+    assert launched[0] == "stats"
 
 
 def padded(q, k, v, keep):

@@ -235,6 +235,9 @@ class _Kernel:
             self.values[op.name] = (self.var(op.name), None)
             if op.name == self.r.frame.name:
                 vp.vars[self.r.frame] = Value(self.var(op.name), True)
+        elif isinstance(op, ir.Map) and op.form == "binds":   # a region node's value, the program's
+            self.map(op, out)
+            vp.vars[self.nodes[op.name]] = Value(self.values[op.name][0], False)
         elif isinstance(op, ir.Map) and op.name in self.chain and op.name in self.nodes:
             node = self.nodes[op.name]
             if node.target in _VIEWS and node.args[0] in vp.vars:   # a view in the score frame
@@ -294,8 +297,11 @@ class _Kernel:
             out.append(f"if STORE_DG: tl.store({name}_ptr + (lin.to(tl.int64) * M + {ROW}) * N + {COL}, "
                        f"{self.ref(op.value)}, mask=valid)")
             return
-        tile, cols = _OWN[op.value]
-        ptr = self.own_param(op.value)
+        # a row value goes to the tensor the Store names (the quiet softmax's c to ``m``); a
+        # gradient tile to the program's own tensor of its value's name (``dk``: ``dk_ptr``)
+        own = op.tensor if op.tile == "row values" else op.value
+        tile, cols = _OWN[own]
+        ptr = self.own_param(own)
         value = self.ref(op.value)
         if cols is None:
             out.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, {value}, mask={ROW} < M)")

@@ -632,6 +632,11 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
             raise Unprintable("row statistics beside row values, of softmax streams or of an exp2")
         if r.output_ops:   # its output before them is stored by the Triton kernel only
             raise Unprintable("the training forward of a region with ops after P·V")
+        if any([(f.op, f.row) for f in form.factors] != [("div", sum_node)] for (_, _, form), sum_node in
+               zip(r.terms, [red.node for red in r.reductions if red.combine == "sum"])):
+            # STATISTICS_STORE stores the running max and sum: a quiet softmax's shifted exponent and
+            # divisor (tile.backward.softmax_form) are the Triton kernel's
+            raise Unprintable("row statistics of a softmax other than exp(x − max) / sum")
         pr.param("side0_ptr", ("side", 0))
         pr.param("side1_ptr", ("side", 1))
         store = STATISTICS_STORE + store  # the store of ``out`` stays last (_tma_store_lines)

@@ -141,15 +141,19 @@ def with_statistics(program: TileProgram, region: Region) -> TileProgram:
     unchanged for an elementwise P, whose backward reads no statistics."""
     if elementwise_form(region) is not None:
         return program
-    m, l = softmax_form(region)[:2]
-    epilogue = (*program.epilogue, Map("inv_l", "div", (1.0, l.name), "row"))
+    m, d = softmax_form(region)[:2]
+    epilogue = (*program.epilogue, Map("inv_l", "div", (1.0, d.name), "row"))
     return TileProgram(program.name, program.frame, program.prologue, program.skips, program.body, epilogue,
                        (*program.stores, Store(m.name, "m", "row values"), Store("inv_l", "inv_l", "row values")),
                        program.streams)
 
 
 def softmax_form(r: Region) -> tuple:
-    """(max node, sum node, x: the softmax's input): a region of the form ``softmax(x)·V``."""
+    """(c, d, x): a region of the form ``P·V`` with ``P = exp(x − c) / d``, ``d = Σ exp(x − c)``
+    (the softmax, ``c`` its maximum or a row value computed from it) or ``d = Σ exp(x − c) + exp(−c)``
+    (the quiet softmax, ``exp(x) / (1 + Σ exp(x))``). Both are ``exp(x) / (Σ exp(x) + R)`` with
+    ``R`` (0 or 1) independent of x, whose derivative is the softmax's, ``dx = P ⊙ (dP − Δ)``;
+    the backward reads each row's ``c`` and ``1/d`` (as ``m`` and ``inv_l``)."""
     if r.partners or r.split is not None:
         raise BackwardRefused("several score contractions or softmax streams")
     if r.side_outputs:
@@ -159,19 +163,34 @@ def softmax_form(r: Region) -> tuple:
     if len(maxes) != 1 or len(sums) != 1 or len(r.reductions) != 2 or sums[0].scale is not maxes[0].node:
         raise BackwardRefused("reductions other than one softmax's max and sum")
     (sign, p, form), *more = r.terms
-    if more or sign != 1 or [(f.op, f.row) for f in form.factors] != [("div", sums[0].node)]:
+    factors = [(f.op, f.row) for f in form.factors]
+    shift = factors.pop(0)[1] if factors and factors[0][0] == "shift" else maxes[0].node
+    if more or sign != 1 or len(factors) != 1 or factors[0][0] != "div" or shift not in (maxes[0].node, *r.epilogue):
         raise BackwardRefused(f"{p.name}: P·V with P other than the softmax's exp / sum")
+    d = factors[0][1]
+    if d is not sums[0].node and not _quiet_divisor(d, sums[0].node, shift):
+        raise BackwardRefused(f"{d.name}: a softmax's divisor other than Σ exp(x − c) or Σ exp(x − c) + exp(−c)")
     e = sums[0].source
     while _passes_gradient(p):   # P rounded to V's dtype (a 16-bit softmax), or viewed in the score
         p = p.args[0]            # frame (an expand to its own sizes): the gradient passes unchanged
-    if packet(p.target) is aten.div and p.args[1] is sums[0].node:
+    if packet(p.target) is aten.div and p.args[1] is d:
         p = p.args[0]
     if packet(e.target) is not aten.exp or p is not e and p.args[0] is not e or packet(e.args[0].target) is not aten.sub:
-        raise BackwardRefused(f"{e.name}: a softmax other than exp(x − max) / sum")
-    x, m = e.args[0].args[:2]
-    if m is not maxes[0].node or maxes[0].source is not x:
-        raise BackwardRefused(f"{e.name}: the exponent is not x − max(x)")
-    return maxes[0].node, sums[0].node, x
+        raise BackwardRefused(f"{e.name}: a softmax other than exp(x − c) / sum")
+    x, c = e.args[0].args[:2]
+    if c is not shift or maxes[0].source is not x:
+        raise BackwardRefused(f"{e.name}: the exponent is not x − c, c the row's maximum or a value of it")
+    return shift, d, x
+
+
+def _quiet_divisor(d: fx.Node, total: fx.Node, c: fx.Node) -> bool:
+    """Is ``d`` = ``total + exp(−c)`` (in either order)?"""
+    if packet(d.target) is not aten.add or d.kwargs.get("alpha", 1) != 1 or total not in d.args[:2]:
+        return False
+    other = d.args[1] if d.args[0] is total else d.args[0]
+    return (isinstance(other, fx.Node) and packet(other.target) is aten.exp
+            and isinstance(other.args[0], fx.Node) and packet(other.args[0].target) is aten.neg
+            and other.args[0].args[0] is c)
 
 
 def attention_output(r: Region) -> fx.Node:
@@ -276,7 +295,7 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
     forward's score chain and online softmax without P·V (the backward's first program, while the
     forward kernel does not store them itself)."""
     r = region
-    _, _, x = softmax_form(r)
+    c, d, x = softmax_form(r)
     lowering = _Lowering(r, kinds, printable)
     body = [lowering._operand("k", r.k, "keys", r.D, key_side=True), Dot(r.frame.name, "q", "k")]
     lowering.bound.add(r.frame)
@@ -290,8 +309,44 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
     return TileProgram(
         f"{name}_bwd_stats", frame, (lowering._operand("q", r.q, "rows", r.D),),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)), tuple(body),
-        (Map("inv_l", "div", (1.0, "l"), "row"),),
-        (Store("m", "m", "row values"), Store("inv_l", "inv_l", "row values")))
+        (*_divisor_ops(r, c, d, lowering), Map("inv_l", "div", (1.0, d.name if d is not _sum(r) else "l"), "row")),
+        (Store(c.name if c is not _max(r) else "m", "m", "row values"), Store("inv_l", "inv_l", "row values")))
+
+
+def _max(r: Region) -> fx.Node:
+    return next(red.node for red in r.reductions if red.combine == "max")
+
+
+def _sum(r: Region) -> fx.Node:
+    return next(red.node for red in r.reductions if red.combine == "sum")
+
+
+def _divisor_ops(r: Region, c: fx.Node, d: fx.Node, lowering: _Lowering) -> list:
+    """After the statistics program's loop (``m`` the row's maximum, ``l`` its sum of
+    ``exp(x − m)``): ``c`` and ``d`` where they are not ``m`` and ``l`` (softmax_form), by the
+    region's own row ops, the maximum and the sum bound to the program's values (a Map named by
+    a node, form "binds") and the sum taken against ``c``: ``Σ exp(x − c) = l · exp(m − c)``."""
+    if c is _max(r) and d is _sum(r):
+        return []
+    ops = [Map(_max(r).name, "alias", ("m",), "binds")]
+    of_c = _row_ancestors(c, r.epilogue)
+    ops += [Map(node.name, _op_name(node), lowering._args(node), "row") for node in r.epilogue if node in of_c]
+    ops += [Map("m_minus_c", "sub", ("m", c.name), "row"), Map("to_c", "exp", ("m_minus_c",), "row"),
+            Map(_sum(r).name, "mul", ("l", "to_c"), "binds")]
+    of_d = _row_ancestors(d, r.epilogue) - of_c
+    return ops + [Map(node.name, _op_name(node), lowering._args(node), "row") for node in r.epilogue if node in of_d]
+
+
+def _row_ancestors(node: fx.Node, epilogue: list) -> set:
+    """``node`` and the row nodes it is computed from."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in epilogue:
+            continue
+        seen.add(n)
+        todo += n.all_input_nodes
+    return seen
 
 
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:

@@ -77,7 +77,8 @@ class Dot:
 class Map:
     """``name = op(*args)`` elementwise. ``form``: how the value relates to the running row
     values ("plain", "scaled by <max>": computed against the running maximum, "deferred": row
-    factors still to apply, "row": a function of finished reductions)."""
+    factors still to apply, "row": a function of finished reductions, "binds": the program's value
+    for the region node ``name``, which the region's own ops after it read)."""
 
     name: str
     op: str
