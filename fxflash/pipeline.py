@@ -86,7 +86,7 @@ def _training_forward(region, kinds, plan):
     to store (an elementwise P with no ops after P·V) or it cannot be printed: a softmax's
     backward then computes its statistics itself, a region with ops after P·V recomputes eagerly."""
     from .codegen import emit_kernel, gluon
-    from .tile.backward import elementwise_form, softmax_form
+    from .tile.backward import elementwise_form, statistics_nodes
 
     try:
         if elementwise_form(region) is not None:
@@ -94,7 +94,7 @@ def _training_forward(region, kinds, plan):
                 return None
             statistics = ()
         else:
-            statistics = softmax_form(region)[:2]
+            statistics = statistics_nodes(region)
         training = emit_kernel(region, kinds, plan.name, plan.options, statistics=statistics)
         if training.input_nodes != plan.input_nodes or training.sym_nodes != plan.sym_nodes:
             return None

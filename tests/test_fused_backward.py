@@ -16,8 +16,9 @@ FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum
          "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
          "sigmoid_attention", "relu_attention",   # P an elementwise function of the scores
          "evoformer_row",                         # a gate and a transpose after P·V
-         "softmax_one"]                           # the quiet softmax: exp(x) / (1 + Σ exp(x))
-EAGER = {"diff_attention": "several score contractions", "retention_norm": "reductions other than one softmax"}
+         "softmax_one",                           # the quiet softmax: exp(x) / (1 + Σ exp(x))
+         "retention_norm"]                        # x / max(Σ|x|, 1)
+EAGER = {"diff_attention": "several score contractions"}
 
 
 def _fused_backward(name, args):
@@ -304,6 +305,18 @@ def test_the_quiet_softmax_s_statistics_from_the_backward_s_own_kernel(monkeypat
     assert _fused_backward("softmax_one", args) == ["fused"]
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
     assert launched[0] == "stats"
+
+
+def test_retention_rows_below_the_floor_take_no_gradient_through_the_sum():
+    """Retention's n = max(Σ|x|, 1): where the sum is below 1 (half the rows here), n is the
+    constant 1 and dx = dP; elsewhere dx = (dP − sign(x)·Δ) / n (tile.backward.abs_sum_form)."""
+    variant = VARIANTS["retention_norm"]
+    q, k, v = variant.inputs(SHAPE)
+    q = q.clone()
+    q[..., ::2, :] *= 0.002
+    assert ((q @ k.transpose(-1, -2)).abs().sum(-1) < 1).any()
+    assert _fused_backward("retention_norm", (q, k, v)) == ["fused"]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), (q, k, v), wrt=(0, 1, 2))
 
 
 def padded(q, k, v, keep):

@@ -18,7 +18,7 @@ SHAPE = Shape(B=2, H=3, Hkv=3, M=9, N=13, D=8, Dv=8)
 
 @pytest.mark.fusion_independent  # lowers the region itself, as the pipeline would
 @pytest.mark.parametrize("name", ["vanilla", "softcap", "alibi", "scale_q_first", "causal", "key_padding", "additive_mask",
-                                  "sigmoid_attention", "relu_attention", "softmax_one"])
+                                  "sigmoid_attention", "relu_attention", "softmax_one", "retention_norm"])
 def test_the_backward_programs_compute_autograds_gradients(name):
     variant = VARIANTS[name]
     inputs = variant.inputs(SHAPE)
@@ -70,7 +70,7 @@ def test_explain_shows_each_region_s_backward_or_why_not():
     variant = VARIANTS["sigmoid_attention"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
     assert [p.name.rsplit("_", 1)[-1] for p in region.backward_programs] == ["dkdv", "dq"]
-    variant = VARIANTS["retention_norm"]
+    variant = VARIANTS["diff_attention"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
     assert not region.backward_programs and "softmax" in region.backward
     assert "backward: eager recompute" in str(region)

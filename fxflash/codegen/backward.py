@@ -46,7 +46,8 @@ _OWN = {"m": ("rows", None), "inv_l": ("rows", None), "delta": ("rows", None), "
 # Elementwise ops of the backward programs on printed values: op → Triton format.
 _MAPS = {
     "alias": "{0}", "neg": "(-{0})", "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
-    "div": "({0} / {1})", "exp": "tl.exp({0})", "log": "tl.log({0})",
+    "div": "({0} / {1})", "exp": "tl.exp({0})", "log": "tl.log({0})", "abs": "tl.abs({0})",
+    "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))", "ge": "({0} >= {1})",
     "where": "tl.where({0}, {1}, {2})",
     "tanh_backward": "({0} * (1.0 - {1} * {1}))",       # ATen's: d tanh = g·(1 − y²)
     "sigmoid_backward": "({0} * {1} * (1.0 - {1}))",   # d sigmoid = g·y·(1 − y)
@@ -283,8 +284,9 @@ class _Kernel:
                     "new_m = tl.maximum(m, tl.max(xs, 1)[:, None])",
                     f"mg = tl.maximum(new_m, {-FLT_MAX!r})", "alpha = tl.exp(m - mg)", "m = new_m"]
             self.values["m"] = ("mg", None)
-        elif op.combine == "sum" and op.rescaled_by == "m":
-            out.append(f"l = l * alpha + tl.sum(tl.where(valid, {self.ref(op.source)}, 0.0), 1)[:, None]")
+        elif op.combine == "sum":   # rescaled as the running maximum grows, or a plain sum (retention's)
+            rescale = "l * alpha" if op.rescaled_by == "m" else "l"
+            out.append(f"l = {rescale} + tl.sum(tl.where(valid, {self.ref(op.source)}, 0.0), 1)[:, None]")
             self.values["l"] = ("l", None)
         else:
             raise BackwardRefused(f"{self.program.name}: the row reduction {op}")

@@ -141,7 +141,7 @@ def with_statistics(program: TileProgram, region: Region) -> TileProgram:
     unchanged for an elementwise P, whose backward reads no statistics."""
     if elementwise_form(region) is not None:
         return program
-    m, d = softmax_form(region)[:2]
+    m, d = statistics_nodes(region)
     epilogue = (*program.epilogue, Map("inv_l", "div", (1.0, d.name), "row"))
     return TileProgram(program.name, program.frame, program.prologue, program.skips, program.body, epilogue,
                        (*program.stores, Store(m.name, "m", "row values"), Store("inv_l", "inv_l", "row values")),
@@ -181,6 +181,42 @@ def softmax_form(r: Region) -> tuple:
     if c is not shift or maxes[0].source is not x:
         raise BackwardRefused(f"{e.name}: the exponent is not x − c, c the row's maximum or a value of it")
     return shift, d, x
+
+
+def abs_sum_form(r: Region) -> tuple | None:
+    """(S, n, x, floor) of a region whose P is ``x / n``, ``n = max(S, floor)`` (``clamp(min=floor)``,
+    floor > 0) or ``n = S`` (floor None), ``S = Σ|x|`` over the keys: retention's normalization.
+    Its derivative, with ``Δ = rowsum(dP ⊙ P) = rowsum(dO ⊙ O)``, is
+    ``dx = (dP − [S ≥ floor]·sign(x)·Δ) / n``; the backward reads each row's ``S`` (as ``m``) and
+    ``1/n`` (as ``inv_l``). None for any other region."""
+    if r.partners or r.split is not None or r.side_outputs or len(r.reductions) != 1:
+        return None
+    (red,) = r.reductions
+    if red.combine != "sum" or red.scale is not None or packet(red.source.target) is not aten.abs:
+        return None
+    x = red.source.args[0]
+    (sign, p, form), *more = r.terms
+    if more or sign != 1 or len(form.factors) != 1 or form.factors[0].op != "div":
+        return None
+    n, floor = form.factors[0].row, None
+    if n is not red.node:
+        bounds = (*n.args[1:], None, None)[:2] if packet(n.target) is aten.clamp else (None, None)
+        if n.args[0] is not red.node or not isinstance(bounds[0], (int, float)) or bounds[0] <= 0 \
+                or bounds[1] is not None or n.kwargs:
+            return None
+        floor = float(bounds[0])
+    while _passes_gradient(p):
+        p = p.args[0]
+    if packet(p.target) is aten.div and p.args[1] is n:
+        p = p.args[0]
+    return (red.node, n, x, floor) if p is x else None
+
+
+def statistics_nodes(r: Region) -> tuple:
+    """The row values a softmax's or retention's training forward stores for its backward, as
+    ``m`` and (their reciprocal) ``inv_l``: (c, d) of softmax_form or (S, n) of abs_sum_form."""
+    norm = abs_sum_form(r)
+    return norm[:2] if norm is not None else softmax_form(r)[:2]
 
 
 def _quiet_divisor(d: fx.Node, total: fx.Node, c: fx.Node) -> bool:
@@ -295,7 +331,8 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
     forward's score chain and online softmax without P·V (the backward's first program, while the
     forward kernel does not store them itself)."""
     r = region
-    c, d, x = softmax_form(r)
+    norm = abs_sum_form(r)
+    c, d, x = norm[:3] if norm is not None else softmax_form(r)
     lowering = _Lowering(r, kinds, printable)
     body = [lowering._operand("k", r.k, "keys", r.D, key_side=True), Dot(r.frame.name, "q", "k")]
     lowering.bound.add(r.frame)
@@ -303,14 +340,23 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
         body += lowering._inputs(node, "scores")
         body.append(Map(node.name, _op_name(node), lowering._args(node)))
         lowering.bound.add(node)
-    body += [RowReduce("m", "max", x.name), Map("x_minus_m", "sub", (x.name, "m"), "against the running m"),
-             Map("e", "exp", ("x_minus_m",), "against the running m"), RowReduce("l", "sum", "e", "m")]
+    if norm is not None:   # retention's: S = Σ|x|, and n from it by the region's own row ops
+        body += [Map("ax", "abs", (x.name,)), RowReduce("l", "sum", "ax")]
+        epilogue = [Map(c.name, "alias", ("l",), "binds"),
+                    *(Map(node.name, _op_name(node), lowering._args(node), "row")
+                      for node in r.epilogue if node in _row_ancestors(d, r.epilogue))]
+    else:
+        body += [RowReduce("m", "max", x.name), Map("x_minus_m", "sub", (x.name, "m"), "against the running m"),
+                 Map("e", "exp", ("x_minus_m",), "against the running m"), RowReduce("l", "sum", "e", "m")]
+        epilogue = _divisor_ops(r, c, d, lowering)
     frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
+    divisor = "l" if norm is None and d is _sum(r) else d.name
     return TileProgram(
         f"{name}_bwd_stats", frame, (lowering._operand("q", r.q, "rows", r.D),),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)), tuple(body),
-        (*_divisor_ops(r, c, d, lowering), Map("inv_l", "div", (1.0, d.name if d is not _sum(r) else "l"), "row")),
-        (Store(c.name if c is not _max(r) else "m", "m", "row values"), Store("inv_l", "inv_l", "row values")))
+        (*epilogue, Map("inv_l", "div", (1.0, divisor), "row")),
+        (Store(c.name if norm is not None or c is not _max(r) else "m", "m", "row values"),
+         Store("inv_l", "inv_l", "row values")))
 
 
 def _max(r: Region) -> fx.Node:
@@ -356,7 +402,8 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     atomics are allowed: dK, dV and each key tile's share of dQ, added atomically."""
     r = region
     p_node = elementwise_form(r)
-    x = softmax_form(r)[2] if p_node is None else p_node
+    norm = abs_sum_form(r) if p_node is None else None
+    x = p_node if p_node is not None else norm[2] if norm is not None else softmax_form(r)[2]
     chain = _chain(r, x)
     loaded = _loaded(r, chain, kinds)
     derivative, grads = _derivative(r, chain, loaded)
@@ -379,12 +426,20 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             lowering.bound.add(node)
         if p_node is not None:
             return ops + [Map("p", "alias", (x.name,))]
+        if norm is not None:   # retention's P = x / n (inv_l holds 1/n)
+            return ops + [Map("p", "mul", (x.name, "inv_l"))]
         return ops + [Map("x_minus_m", "sub", (x.name, "m")), Map("e", "exp", ("x_minus_m",)),
                       Map("p", "mul", ("e", "inv_l"))]
 
     def gradient_of_x() -> list:
         if p_node is not None:   # the chain ends at P: its gradient is dP
             return [Map("dx", "alias", ("dp",))]
+        if norm is not None:     # dx = (dP − [S ≥ floor]·sign(x)·Δ) / n, m holding S (abs_sum_form)
+            sign = [Map("sgn", "sign", (x.name,))]
+            if norm[3] is not None:
+                sign += [Map("above", "ge", ("m", norm[3])), Map("sgn_above", "where", ("above", "sgn", 0.0))]
+            return [*sign, Map("sgn_delta", "mul", (sign[-1].name, "delta")),
+                    Map("dp_minus_delta", "sub", ("dp", "sgn_delta")), Map("dx", "mul", ("dp_minus_delta", "inv_l"))]
         return [Map("dp_minus_delta", "sub", ("dp", "delta")), Map("dx", "mul", ("p", "dp_minus_delta"))]
 
     # the row values P reads: the statistics and Δ of a softmax, none of an elementwise P
