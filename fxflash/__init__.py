@@ -13,13 +13,10 @@ import torch as _torch
 # Without a CUDA GPU, generated kernels can only run in Triton's interpreter. ``@triton.jit`` reads
 # TRITON_INTERPRET when it defines a kernel, and fxflash defines its kernels after this line, so the
 # interpreter serves them whatever imported triton first (transformers and torch.compile do, before
-# fxflash); triton.language's own jit functions, defined then, are defined again for it.
+# fxflash); triton.language's own jit functions, defined then, are swapped for interpreted ones
+# around each launch (runtime/interpreted.py).
 if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
-    if _os.environ["TRITON_INTERPRET"] == "1" and "triton.language" in __import__("sys").modules:
-        from .runtime.interpreted import interpret_triton_language
-
-        interpret_triton_language()
 
 from .backend import backend, fxflash_backend
 from .backend import register as _register_backend

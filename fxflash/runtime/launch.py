@@ -13,6 +13,7 @@ from ..config import config, interpreting
 from ..internal import stage
 from . import gluon_launch, tuning
 from .cache import load_kernel
+from .interpreted import interpreted_language
 from ..codegen.emit import KernelPlan, block_dims_of
 from ..codegen.gluon import gluon_tile, is_gluon_tile
 
@@ -22,7 +23,15 @@ _INTERPRETER_LOCK = threading.Lock()
 
 
 def _launching():
-    return _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext()
+    """Around a kernel launch: in the interpreter, its lock and triton.language as the interpreter
+    runs it (interpreted.interpreted_language)."""
+    return _interpreted_launch() if interpreting() else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _interpreted_launch():
+    with _INTERPRETER_LOCK, interpreted_language():
+        yield
 
 
 INTERPRETER_TILE = (16, 16, 1, 1)  # small test shapes cross several tiles
