@@ -22,6 +22,12 @@ kept apart rather than as ``L = m + log l``: for a row every key masks with a fi
 (``finfo.min``), ``m ≈ −3.4·10³⁸`` absorbs ``log l`` in fp32, and ``exp(x − L)`` would be 1 where
 eager's P is ``1/N``.
 
+The quiet softmax, ``exp(x) / (1 + Σ exp(x))``, has the softmax's derivative; its rows keep the
+value its exponent subtracts and its divisor in place of ``m`` and ``l`` (``softmax_form``).
+Retention's normalization, ``P = x / n`` with ``n = max(Σ|x|, 1)``, has
+``dx = (dP − [Σ|x| ≥ 1]·sign(x)·Δ) / n`` with the same Δ; its rows keep ``Σ|x|`` and ``1/n``
+(``abs_sum_form``).
+
 Where P is an elementwise function of the scores with no row reduction (sigmoid or ReLU
 attention, ``elementwise_form``), the chain runs from S to P itself and ``dx`` is ``dP``: the
 programs are dK and dV and dQ alone, with no statistics and no Δ.
