@@ -1,5 +1,9 @@
-"""Block sparsity from the mask's own expression: skipping never changes a result."""
+"""Block sparsity from the mask's own expression: skipping never changes a result.
+
+The property tests draw new examples on every run (not derandomized), a few per run in CI;
+``FXFLASH_LONG=1`` draws ten times as many."""
 import math
+import os
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ from fxflash.runtime import launch
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate
 
+LONG = 10 if os.environ.get("FXFLASH_LONG") else 1   # examples drawn: the CI count times this
 SCAN = "for c0 in range(0, n_tiles, "                      # key tiles classified a chunk at a time
 FULL_LOOP = "range((f_lo) * BLOCK_N, (f_hi) * BLOCK_N, BLOCK_N)"  # tiles no mask touches
 
@@ -96,7 +101,7 @@ def _skipping_changes_nothing(fn, args):
     return report, skipped
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16 * LONG, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=MASKS, m=st.integers(2, 50), n=st.integers(2, 70))
 def test_skipping_never_changes_the_output(tree, m, n):
     fn = _program(tree)
@@ -417,7 +422,7 @@ def test_additive_biases_do_not_skip():
 IDS = st.lists(st.integers(-3, 3), min_size=2, max_size=60)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10 * LONG, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(q_ids=IDS, k_ids=IDS, sort=st.booleans(), negate=st.booleans())
 def test_tensor_masks_skip_tiles_from_per_tile_min_and_max(q_ids, k_ids, sort, negate):
     """Document-id masks (sorted or not, query and key ids apart): skipping by the per-tile
@@ -466,7 +471,7 @@ def _padding_args(key_runs, query_runs, dtype=torch.float32, device="cpu") -> tu
     return (*VARIANTS["vanilla"].inputs(shape, dtype, device), key_keep, query_keep)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8 * LONG, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key_runs=runs(30), query_runs=runs(30), combine=COMBINE)
 def test_boolean_masks_skip_tiles_from_per_tile_min_and_max(key_runs, query_runs, combine):
     """Boolean padding masks along the keys and the queries (runs of True and False, alone or
