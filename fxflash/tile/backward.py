@@ -268,13 +268,7 @@ def _chain(r: Region, x: fx.Node) -> list:
     for node in r.dag:
         if any(a in from_s for a in node.all_input_nodes):
             from_s.add(node)
-    to_x, stack = set(), [x]
-    while stack:
-        node = stack.pop()
-        if node in to_x or node not in inside:
-            continue
-        to_x.add(node)
-        stack += node.all_input_nodes
+    to_x = _ancestors(x, inside)
     return [n for n in r.dag if n in from_s and n in to_x]
 
 
@@ -348,9 +342,9 @@ def lower_statistics(region: Region, kinds: dict, printable, name: str = "fxflas
         lowering.bound.add(node)
     if norm is not None:   # retention's: S = Σ|x|, and n from it by the region's own row ops
         body += [Map("ax", "abs", (x.name,)), RowReduce("l", "sum", "ax")]
+        of_n = _ancestors(d, r.epilogue)
         epilogue = [Map(c.name, "alias", ("l",), "binds"),
-                    *(Map(node.name, _op_name(node), lowering._args(node), "row")
-                      for node in r.epilogue if node in _row_ancestors(d, r.epilogue))]
+                    *(Map(node.name, _op_name(node), lowering._args(node), "row") for node in r.epilogue if node in of_n)]
     else:
         body += [RowReduce("m", "max", x.name), Map("x_minus_m", "sub", (x.name, "m"), "against the running m"),
                  Map("e", "exp", ("x_minus_m",), "against the running m"), RowReduce("l", "sum", "e", "m")]
@@ -381,20 +375,20 @@ def _divisor_ops(r: Region, c: fx.Node, d: fx.Node, lowering: _Lowering) -> list
     if c is _max(r) and d is _sum(r):
         return []
     ops = [Map(_max(r).name, "alias", ("m",), "binds")]
-    of_c = _row_ancestors(c, r.epilogue)
+    of_c = _ancestors(c, r.epilogue)
     ops += [Map(node.name, _op_name(node), lowering._args(node), "row") for node in r.epilogue if node in of_c]
     ops += [Map("m_minus_c", "sub", ("m", c.name), "row"), Map("to_c", "exp", ("m_minus_c",), "row"),
             Map(_sum(r).name, "mul", ("l", "to_c"), "binds")]
-    of_d = _row_ancestors(d, r.epilogue) - of_c
+    of_d = _ancestors(d, r.epilogue) - of_c
     return ops + [Map(node.name, _op_name(node), lowering._args(node), "row") for node in r.epilogue if node in of_d]
 
 
-def _row_ancestors(node: fx.Node, epilogue: list) -> set:
-    """``node`` and the row nodes it is computed from."""
+def _ancestors(node: fx.Node, within) -> set:
+    """``node`` and the nodes of ``within`` it is computed from through nodes of ``within``."""
     seen, todo = set(), [node]
     while todo:
         n = todo.pop()
-        if n in seen or n not in epilogue:
+        if n in seen or n not in within:
             continue
         seen.add(n)
         todo += n.all_input_nodes
