@@ -88,6 +88,7 @@ from ..analysis.ops import packet
 from ..config import KernelOptions, kernel_options
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E
+from ..tile.backward import statistics_nodes
 from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
                    row_guard)
@@ -632,10 +633,10 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
             raise Unprintable("row statistics beside row values, of softmax streams or of an exp2")
         if r.output_ops:   # its output before them is stored by the Triton kernel only
             raise Unprintable("the training forward of a region with ops after P·V")
-        if any([(f.op, f.row) for f in form.factors] != [("div", sum_node)] for (_, _, form), sum_node in
-               zip(r.terms, [red.node for red in r.reductions if red.combine == "sum"])):
-            # STATISTICS_STORE stores the running max and sum: a quiet softmax's shifted exponent and
-            # divisor (tile.backward.softmax_form) are the Triton kernel's
+        total = next(red.node for red in r.reductions if red.combine == "sum")
+        if statistics_nodes(r) != (sm.maximum, total):
+            # STATISTICS_STORE stores the running max and sum: other row statistics (the quiet
+            # softmax's shifted exponent and divisor) are the Triton kernel's
             raise Unprintable("row statistics of a softmax other than exp(x − max) / sum")
         pr.param("side0_ptr", ("side", 0))
         pr.param("side1_ptr", ("side", 1))

@@ -242,17 +242,15 @@ def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, sy
         return atomic(tile)
 
     if allowed == "always":
-        tile = _tile(plan, plan.atomics, run_atomics, inputs, frame)
-        own.pop("dq_sum", None)
-        record += [_zero_dq_sum, _bound(plan.atomics, run_atomics(tile))]
+        record += [_zero_dq_sum, _bound(plan.atomics, run_atomics(_tile(plan, plan.atomics, run_atomics, inputs, frame)))]
         return
     pair, dq_run = (_runner(plan, kernel, own, inputs, frame, symints, input_grads) for kernel in (dkdv, dq))
     dq_tile = _tile(plan, dq, dq_run, inputs, frame)
 
-    def run(choice):
+    def run(choice):   # the kernels launched and what each launch returned
         if choice[0] == "atomics":
-            return [_zero_dq_sum, _bound(plan.atomics, run_atomics(choice[1:]))]
-        return [_bound(dkdv, pair(choice[1:])), _bound(dq, dq_run(dq_tile))]
+            return [(plan.atomics, run_atomics(choice[1:]))]
+        return [(dkdv, pair(choice[1:])), (dq, dq_run(dq_tile))]
 
     tiles = backward_tiles(plan.d, plan.dv, "key")
     choice = tuning.choose(f"{dkdv.name}+dq", _tuning_source(plan.source, f"{dkdv.name}, dQ by atomics or not"),
@@ -261,7 +259,8 @@ def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, sy
                            run, capturing=torch.cuda.is_current_stream_capturing(),
                            device_index=inputs[0].device.index)
     own.pop("dq_sum", None)   # the tuner's atomic runs made one
-    record += run(choice)
+    record += [_zero_dq_sum] if choice[0] == "atomics" else []
+    record += [_bound(kernel, launched) for kernel, launched in run(choice)]
 
 
 def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
