@@ -5,7 +5,8 @@
     PYTHONPATH=. python benchmarks/bench_attention.py --suite train [--variants …] [--seqlens …]
 
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
-batch × seqlen = 16k tokens; sliding window and prefix 256; 12 documents. Further index
+batch × seqlen = 16k tokens (``--heads 32 --kv-heads 8 --head-dim 128 --seqlens 4096 16384``: a
+Llama-class model's attention); sliding window and prefix 256; 12 documents. Further index
 masks, by ``--variants`` only (``EXTRA_MASKS``): block-causal blocks of 256, a dilated window
 (512 keys each side, every 2nd), 2-D neighbourhoods of radius 8 on a √S × √S canvas, and key
 padding from per-batch lengths (``key_lengths``: lengths drawn uniformly from [S/4, S]). Times are medians
@@ -313,14 +314,14 @@ def softmax_calls(name, B, H, Hkv, S, D, device, dtype, flex, create_block_mask)
     return calls
 
 
-def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, systems=None, resume=False):
+def run(variants, seqlens, gqa_modes, out_path, tokens=16384, H=16, D=64, gqa_kv=2, systems=None, resume=False):
     dtype, device = torch.bfloat16, "cuda"
     flex, create_block_mask = flex_api()
     with result_rows(out_path, resume) as record:
         for S in seqlens:
             B = max(1, tokens // S)
             for gqa in gqa_modes:
-                Hkv = 2 if gqa else H
+                Hkv = gqa_kv if gqa else H
                 for name in variants:
                     flops = 2 * B * H * S * S * (D + D)
                     row = dict(suite="softmax", variant=name + ("_gqa" if gqa else ""), B=B, H=H, Hkv=Hkv,
@@ -458,7 +459,7 @@ def _grads_close(step, leaves, reference, label):
 NO_GRADIENT = {"evoformer_row": (3,), "evoformer_col": (3,)}
 
 
-def run_train(variants, seqlens, out_path, systems=None, resume=False, tokens=16384):
+def run_train(variants, seqlens, out_path, systems=None, resume=False, tokens=16384, shapes=TRAIN_SOFTMAX_SHAPES):
     """The ``train`` suite: ``ms`` is one forward plus backward (gradients of every floating
     input), ``peak_mb`` the peak beyond the inputs and their gradients, TFLOP/s the dense count
     times 3.5 (the backward's five products against the forward's two). The softmax family at
@@ -477,7 +478,7 @@ def run_train(variants, seqlens, out_path, systems=None, resume=False, tokens=16
             else:
                 cases = []
                 for S in seqlens:
-                    for H, Hkv, D in TRAIN_SOFTMAX_SHAPES:
+                    for H, Hkv, D in shapes:
                         B = max(1, tokens // S)
                         fields = dict(B=B, H=H, Hkv=Hkv, M=S, N=S, D=D, Dv=D, dtype="bf16")
                         cases.append((fields, (B, H, Hkv, S, D), None, 3.5 * 2 * B * H * S * S * 2 * D))
@@ -544,6 +545,10 @@ def main():
     parser.add_argument("--seqlens", nargs="*", type=int, default=None,
                         help="default: 1k 4k 16k (softmax), 512 to 16k (beyond)")
     parser.add_argument("--gqa", nargs="*", default=["mha", "gqa"], choices=["mha", "gqa"])
+    parser.add_argument("--heads", type=int, default=None, help="query heads (softmax suite: 16; train: "
+                        "with --kv-heads and --head-dim, its one softmax shape instead of TRAIN_SOFTMAX_SHAPES)")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (softmax suite: 2, under --gqa gqa)")
+    parser.add_argument("--head-dim", type=int, default=None, help="head dim (softmax suite: 64)")
     parser.add_argument("--systems", nargs="*", default=None)
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
@@ -554,10 +559,13 @@ def main():
         seqlens = opts.seqlens or [512, 1024, 2048, 4096, 8192, 16384]
         run_beyond(variants, seqlens, out, systems=opts.systems)
     elif opts.suite == "train":
-        run_train(variants, opts.seqlens or [4096, 16384], out, systems=opts.systems)
+        shape = (opts.heads, opts.kv_heads, opts.head_dim)
+        run_train(variants, opts.seqlens or [4096, 16384], out, systems=opts.systems,
+                  shapes=(shape,) if None not in shape else TRAIN_SOFTMAX_SHAPES)
     else:
         seqlens = opts.seqlens or [1024, 4096, 16384]
-        run(variants, seqlens, [g == "gqa" for g in opts.gqa], out, systems=opts.systems)
+        run(variants, seqlens, [g == "gqa" for g in opts.gqa], out, H=opts.heads or 16, D=opts.head_dim or 64,
+            gqa_kv=opts.kv_heads or 2, systems=opts.systems)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ class RegionReport:
     origin:    when fused from a call of ``scaled_dot_product_attention``, that call's name.
     tile_program: when fused, the kernel as tile operations (fxflash.tile.TileProgram).
     backward:  when fused, how its backward runs: ``"fused"`` (generated kernels, from the tile
-               programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward) or
+               programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward;
+               for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``) or
                ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 
@@ -91,9 +92,13 @@ class RegionReport:
         if self.tile_program is not None:
             lines.append(textwrap.indent(str(self.tile_program), "  "))
         if self.backward_programs:
-            lines.append(f"  backward: fused, {len(self.backward_programs)} kernels from tile programs "
-                         "(.backward_programs: " + ", ".join(p.name for p in self.backward_programs)
-                         + "; on a GPU, dK·dV's kernel may add dQ by atomics instead: config.dq_atomics)")
+            own = [p.name for p in self.backward_programs if not p.group]
+            grouped = [p.name for p in self.backward_programs if p.group]
+            lines.append(f"  backward: fused, {len(own)} kernels from tile programs "
+                         "(.backward_programs: " + ", ".join(own)
+                         + "; on a GPU, dK·dV's kernel may add dQ by atomics instead: config.dq_atomics"
+                         + ("; K and V broadcast over query heads: dK and dV summed per K/V head in the kernel by "
+                            + ", ".join(grouped) if grouped else "") + ")")
         elif self.backward:
             lines.append(f"  backward: {self.backward}")
         lines.append("  nodes:")

@@ -198,6 +198,33 @@ def test_one_tensor_read_as_q_and_k_gets_both_gradients():
     assert_gradients_accurate(self_attention, fxflash.optimize(self_attention), (x, v), wrt=(0, 1))
 
 
+def _multi_query(q, k, v):
+    """Multi-query attention: one K/V head, expanded over the query heads."""
+    b, h, m, d = q.shape
+    k, v = k.expand(b, h, *k.shape[2:]), v.expand(b, h, *v.shape[2:])
+    return torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5, -1) @ v
+
+
+@pytest.mark.parametrize("fn,kv_heads", [(VARIANTS["gqa_expand"].fn, 2), (_multi_query, 1)], ids=["gqa", "mqa"])
+def test_k_and_v_broadcast_over_query_heads_get_their_heads_gradients_from_grouped_programs(fn, kv_heads,
+                                                                                           monkeypatch):
+    """The op is given K and V before their broadcast, and the grouped key programs sum each K/V
+    head's gradients over its query heads: no gradient per query head is made and summed."""
+    import fxflash.runtime.backward as backward
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 29, 16, generator=g)
+    k, v = (torch.randn(2, kv_heads, 37, 16, generator=g) for _ in range(2))
+    (region,) = assert_fused(fxflash.explain(fn, q, k, v))
+    assert region.backward == "fused" and [p.group for p in region.backward_programs].count(True) == 2
+    launched = []
+    runner = backward._runner
+    monkeypatch.setattr(backward, "_runner", lambda plan, kernel, *a, **kw: launched.append(kernel.name)
+                        or runner(plan, kernel, *a, **kw))
+    assert_gradients_accurate(fn, fxflash.optimize(fn), (q, k, v), wrt=(0, 1, 2))
+    assert any(name.endswith("_bwd_dkdv_grouped") for name in launched)
+
+
 def test_training_through_the_backend_uses_the_fused_backward(monkeypatch):
     """torch.compile's AOTAutograd traces the region's autograd formula: the compiled backward
     calls fxflash::region_backward, whose kernels give the gradients."""

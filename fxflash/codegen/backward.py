@@ -93,6 +93,7 @@ class BackwardKernel:
     statistics: bool = False  # the row statistics' kernel (constexpr REPAIRED_ONLY)
     input_grads: tuple = ()  # per gradient tile it stores, the input it belongs to (by name, then
                              # by index; None: a value the kernels compute, not an input)
+    group: bool = False    # one program per key tile of a K/V head (TileProgram.group; constexprs GROUP, G_INNER)
 
 
 @dataclasses.dataclass
@@ -116,6 +117,9 @@ class BackwardPlan:
     slot_values: tuple = ()  # per gradient tile the kernels store (``dg<j>``), the name of the value it belongs to
     atomics: BackwardKernel | None = None  # replaces the last two kernels where atomics are allowed:
                                            # dK, dV and each key tile's dS·K added to dQ (``dq_sum``)
+    grouped: tuple = ()      # dK·dV's kernel and ``atomics`` per key tile of a K/V head (group_axis)
+    grouped_programs: tuple = ()  # their tile programs
+    group_axis: int | None = None  # the batch axis of K and V that broadcasts over query heads
 
 
 class _ValuePrinter(_Printer):
@@ -392,10 +396,18 @@ class _Kernel:
         fb = len(vp.frame_shape) - 2
         tiles, size, index = ("n_mt", "M", "mt") if prog.per == "row" else ("n_nt", "N", "nt")
         block = "BLOCK_M" if prog.per == "row" else "BLOCK_N"
+        # the batch index ``lin`` of the program's scores; a grouped program (per key tile of a K/V
+        # head, ``lin_kv``) visits the GROUP query heads of its head, G_INNER batch items apart
+        group = prog.group
         head = ["pid = tl.program_id(0)", f"{tiles} = tl.cdiv({size}, {block})", f"{index} = pid % {tiles}",
-                f"lin = pid // {tiles}", "rest = lin"]
+                f"{'lin_kv' if group else 'lin'} = pid // {tiles}"]
+        batch = ["rest = lin"]
         for i in reversed(range(fb)):
-            head += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
+            batch += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
+        if group:
+            batch.insert(0, "lin = (lin_kv // G_INNER) * (GROUP * G_INNER) + qh * G_INNER + lin_kv % G_INNER")
+        else:
+            head += batch
         head += ["offs_d = tl.arange(0, DP)", "offs_dv = tl.arange(0, DVP)"]
         if prog.per == "row":
             head += ["offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)", f"{ROW} = offs_m[:, None]"]
@@ -418,6 +430,9 @@ class _Kernel:
                 rows = "BLOCK_N" if op.transposed else "BLOCK_M"
                 cols = "DVP" if op.v in ("do", "o") else "DP"
                 pre.append(f"{self.var(op.acc)} = tl.zeros([{rows}, {cols}], tl.float32)")
+        inits = pre if group else []   # a grouped program's accumulators sum over the whole group
+        if group:
+            pre = []
         for op in prog.prologue:
             self.op(op, pre)
         loop: list = []
@@ -435,7 +450,7 @@ class _Kernel:
         for op in (*prog.epilogue, *prog.stores):
             self.op(op, post)
         ranged = self.tile_range(prog) if prog.loop else None
-        body = head + vp.pre + pre + (ranged or [])
+        body = (batch if group else []) + vp.pre + pre + (ranged or [])
         full = None
         if prog.loop:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
@@ -450,15 +465,19 @@ class _Kernel:
                 body += ["    " + line for line in lines]
         else:
             body += loop
-        body += post
+        if group:   # every query head of the group, then the K/V head's own tiles stored
+            body = [*head, *inits, "for qh in range(GROUP):", *("    " + line for line in body), "lin = lin_kv", *post]
+        else:
+            body = [*head, *body, *post]
         params = [*(f"{name}_ptr" for name in self.own), *vp.params, "BLOCK_M: tl.constexpr",
                   "BLOCK_N: tl.constexpr", "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr",
                   "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else []),
-                  *(["REPAIRED_ONLY: tl.constexpr"] if statistics else [])]
+                  *(["REPAIRED_ONLY: tl.constexpr"] if statistics else []),
+                  *(["GROUP: tl.constexpr", "G_INNER: tl.constexpr"] if group else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
         return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
                               full_tiles=full is not None, input_grads=tuple(self.input_grads),
-                              statistics=statistics)
+                              statistics=statistics, group=group)
 
 
 def _from_indices(node: fx.Node, kinds: dict) -> bool:
@@ -478,10 +497,14 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     statistics = () if elementwise_form(r) is not None else (lower_statistics(r, kinds, printable, name),)
     deterministic, atomics = lower_backward(r, kinds, printable, name)
     programs = (*statistics, *deterministic)
+    axis = group_axis(r)
+    # grouped-query attention: the key programs again, one per key tile of a K/V head
+    grouped = () if axis is None else tuple(dataclasses.replace(p, name=f"{p.name}_grouped", group=True)
+                                            for p in (deterministic[-2], atomics))
     options = plan.options
     kernels, lines, bound, slot_values = [], [], (0, 0), []
     out_dtype = attention_output(r).meta["val"].dtype
-    for program in (*programs, atomics):
+    for program in (*programs, atomics, *grouped):
         printer = _Kernel(r, kinds, options, program)
         kernel = printer.print(out_dtype)
         vp = printer.vp
@@ -494,7 +517,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         # its slopes) is not an input of the op (None): its gradient tile goes to the backward of
         # the ops that compute it (runtime/op.Subgraph, BackwardPlan.slot_values)
         nodes = {n.name: n for n in plan.input_nodes}
-        if program is not atomics:   # its slots are the dQ kernel's, in the same order
+        if program in programs:   # the key programs' slots are the dQ kernel's, in the same order
             slot_values += kernel.input_grads
         kernel.input_grads = tuple(plan.input_nodes.index(nodes[name]) if name in nodes else None
                                    for name in kernel.input_grads)
@@ -509,10 +532,27 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     # the key-side operand of the scores is Kᵀ: its ``transposed`` means its tensor holds K [*, N, D]
     q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
-    *kernels, atomic_kernel = kernels
+    kernels, (atomic_kernel, *grouped_kernels) = kernels[:len(programs)], kernels[len(programs):]
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
-                        ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values), atomics=atomic_kernel)
+                        ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values), atomics=atomic_kernel,
+                        grouped=tuple(grouped_kernels), grouped_programs=grouped, group_axis=axis)
+
+
+def group_axis(r) -> int | None:
+    """The batch axis along which K and V are read through a broadcast (grouped-query attention's
+    ``k[:, :, None].expand(…)``: stride 0, more than one query head per K/V head), or None: one
+    axis, the same for both, and neither stored transposed. Their gradients are then sums over
+    that axis, which a grouped key program (TileProgram.group) makes in its accumulators."""
+    axes = []
+    for operand, holds_transpose in ((r.k, not r.k.transposed), (r.v, r.v.transposed)):
+        val = operand.node.meta["val"]
+        rank = operand.batch_rank
+        broadcast = [a for a in range(rank) if val.stride(a) == 0 and not (isinstance(val.shape[a], int) and val.shape[a] == 1)]
+        if holds_transpose or len(broadcast) != 1:
+            return None
+        axes.append((broadcast[0], rank, val.shape[broadcast[0]]))
+    return axes[0][0] if axes[0] == axes[1] else None
 
 
 def backward_tiles(d: int, dv: int, per: str) -> list:

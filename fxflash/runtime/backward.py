@@ -5,7 +5,9 @@ statistics where the forward did not store them (``row_statistics``).
 returns the gradients of the tensors the kernel reads as Q, K and V, shaped as those inputs.
 The kernels read Q, K, V and the score chain's inputs at their strides, as the forward does;
 O and dO are read as contiguous ``[B·H, M, Dv]`` tensors, and dQ, dK, dV are written in the
-inputs' dtypes (accumulated in fp32), one per query head, then laid out as the inputs are shaped.
+inputs' dtypes (accumulated in fp32), one per query head, then laid out as the inputs are shaped;
+where the op is given K and V before a broadcast over the query heads (RegisteredRegion.views),
+dK and dV one per K/V head, summed over its query heads by the grouped key kernels.
 
 ``fused_backward_applies`` says whether a call can take this path: the region has a printed
 backward and only Q, K, V and the tensors the score chain reads as they are (a bias) ask for
@@ -26,7 +28,7 @@ from ..config import config, interpreting
 from .cache import load_kernel
 from . import tuning
 from .launch import (TENSOR_KINDS, Launcher, LaunchValues, _device_label, _filled, _kernel_args, _launching,
-                     min_max_per_tile)
+                     min_max_per_tile, replay_views)
 
 INT32_LIMIT = 2 ** 31
 
@@ -91,6 +93,40 @@ def _as_input(grad: torch.Tensor, like: torch.Tensor, where: tuple) -> torch.Ten
 
 def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, frame: list, extras: list,
                  symints=(), input_grads: bool = False, statistics=()) -> list:
+    """The gradients of the op's ``inputs`` (``given_inputs``), from those of the tensors the kernel
+    reads (``_gradients``): where the op is given K and V before their broadcast
+    (RegisteredRegion.views), the grouped key programs give their K/V heads' gradients directly;
+    otherwise a gradient per query head is summed back through the views."""
+    if not entry.views:
+        return _gradients(entry, inputs, inputs, out, grad, frame, extras, symints, input_grads, statistics)[0]
+    grads, at_base = _gradients(entry, replay_views(inputs, entry.views), inputs, out, grad, frame, extras, symints,
+                                input_grads, statistics)
+    return [g if i in at_base or not entry.views[i] else _to_base(g, inputs[i], entry.views[i])
+            for i, g in zip(given_inputs(entry, input_grads), grads)]
+
+
+def _to_base(grad: torch.Tensor, base: torch.Tensor, chain: tuple) -> torch.Tensor:
+    """The gradient of ``base`` from ``grad``, that of its view chain's result (a broadcast: summed)."""
+    _, vjp = torch.func.vjp(lambda b: replay_views([b], (chain,))[0], base)
+    return vjp(grad)[0]
+
+
+def _group(entry, inputs: list) -> tuple | None:
+    """(GROUP, G_INNER): the query heads per K/V head and the batch items between them, where the
+    grouped key programs apply (BackwardPlan.grouped: K and V given before their broadcast, read
+    with stride 0 along ``group_axis``), else None."""
+    plan = entry.plan.backward
+    if not plan.grouped or not entry.views or not all(entry.views[where[0]] for where in (plan.k, plan.v)):
+        return None
+    axis, k, v = plan.group_axis, inputs[plan.k[0]], inputs[plan.v[0]]
+    rank = plan.k[2]
+    if k.stride(axis) != 0 or v.stride(axis) != 0 or k.shape[:rank] != v.shape[:rank] or k.shape[axis] < 2:
+        return None
+    return int(k.shape[axis]), math.prod(int(s) for s in k.shape[axis + 1:rank])
+
+
+def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.Tensor, frame: list, extras: list,
+               symints=(), input_grads: bool = False, statistics=()) -> tuple[list, set]:
     """The gradients of the inputs the kernel reads as Q, K and V (``plan.inputs``, in order;
     an input read as two of them gets the sum), then, with ``input_grads``, those of
     ``plan.input_grads`` (each summed from its [B·H, M, N] tiles over the axes it broadcasts
@@ -98,11 +134,13 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     the training forward's ``training_outputs`` (with ``m`` and ``1/l`` the statistics kernel does
     not run; with ``o``, the output before the ops after P·V, their backward is autograd's at it,
     and the kernels read O and dO there), or empty. Sizes the kernels cannot index, and a region
-    whose kernel failed in the forward, recompute the region's own ops with eager autograd."""
+    whose kernel failed in the forward, recompute the region's own ops with eager autograd.
+    ``inputs``: the tensors the kernel reads; ``bases``: the op's (RegisteredRegion.views). Returned
+    with the inputs whose gradients are their bases' already (the grouped key programs' K and V)."""
     plan = entry.plan.backward
     frame = [int(s) for s in frame]
     if not _kernels_fit(plan, frame) or entry.failed is not None:
-        return _eager_gradients(entry, inputs, grad, extras, input_grads)
+        return _eager_gradients(entry, inputs, grad, extras, input_grads), set()
     named = dict(zip(entry.plan.training.training_outputs, statistics)) if statistics else {}
     after_pv = []
     if plan.ops_after_pv:   # dO and the epilogue inputs' gradients at O, from the ops' own backward
@@ -118,11 +156,15 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     # owns its tiles whole, so no pass casts them afterwards
     like = {name: dict(device=device, dtype=inputs[where[0]].dtype)
             for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v))}
+    group = _group(entry, inputs)
+    heads = batch // group[0] if group else batch   # the programs' K/V heads
     own = {"delta": torch.empty(batch, m, **f32),
            "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
-           "dq": torch.empty(batch, m, plan.d, **like["dq"]), "dk": torch.empty(batch, n, plan.d, **like["dk"]),
-           "dv": torch.empty(batch, n, plan.dv, **like["dv"])}
-    kernels = plan.kernels
+           "dq": torch.empty(batch, m, plan.d, **like["dq"]), "dk": torch.empty(heads, n, plan.d, **like["dk"]),
+           "dv": torch.empty(heads, n, plan.dv, **like["dv"])}
+    kernels, atomics = plan.kernels, plan.atomics
+    if group:   # dK·dV's kernel and the atomic one per key tile of a K/V head
+        kernels, atomics = (*kernels[:-2], plan.grouped[0], kernels[-1]), plan.grouped[1]
     repaired = False
     if "m" in named:   # the first kernel prints lower_statistics' program
         own["m"], own["inv_l"] = named["m"], named["inv_l"]
@@ -134,7 +176,7 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
     slots = [i for kernel in plan.kernels for i in kernel.input_grads]
     own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
                 for j in range(len(slots))})
-    key = _layout_key(inputs, own, frame, symints, input_grads, (repaired, *(k.name for k in kernels)))
+    key = _layout_key(inputs, own, frame, symints, input_grads, (repaired, *(k.name for k in kernels)), group)
     steps = entry.bound_backward.get(key) if key is not None else None
     with _on(device):
         if steps is not None:   # this layout's launches, remembered (_Bound)
@@ -147,7 +189,8 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
             *first, dkdv, dq = kernels
             for kernel in first:
                 _launch(plan, kernel, own, inputs, frame, symints, input_grads, record=steps)
-            _launch_key_kernels(plan, dkdv, dq, own, inputs, frame, symints, input_grads, record=steps)
+            _launch_key_kernels(plan, dkdv, dq, atomics, own, inputs, frame, symints, input_grads, record=steps,
+                                group=group)
             if key is not None and None not in steps and not torch.cuda.is_current_stream_capturing():
                 if len(entry.bound_backward) >= BOUND_CAPACITY:
                     entry.bound_backward.clear()
@@ -156,7 +199,9 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
         own["dq"] = own["dq_sum"]
     grads: dict = {}
     for name, where in (("dq", plan.q), ("dk", plan.k), ("dv", plan.v)):
-        g = _as_input(own[name], inputs[where[0]], where)
+        # a K/V head's gradient is laid out as its base's axes (rewrite.GROUP_VIEWS keep their order)
+        g = (own[name].reshape(bases[where[0]].shape) if group and name != "dq"
+             else _as_input(own[name], inputs[where[0]], where))
         grads[where[0]] = g if where[0] not in grads else grads[where[0]] + g
     result = [grads[i] for i in plan.inputs]
     if input_grads:
@@ -164,7 +209,7 @@ def run_backward(entry, inputs: list, out: torch.Tensor, grad: torch.Tensor, fra
         result += [tiles[j].sum_to_size(inputs[i].shape).to(inputs[i].dtype) for j, i in enumerate(slots) if i is not None]
         for j in sorted(entry.computed):   # a computed value's tile, through the ops computing it
             result += _subgraph_gradients(entry.computed[j], [], inputs, extras, tiles[j])
-    return result + after_pv
+    return result + after_pv, {plan.k[0], plan.v[0]} if group else set()
 
 
 def _epilogue_gradients(entry, inputs: list, o: torch.Tensor, grad: torch.Tensor, extras: list) -> list:
@@ -223,33 +268,34 @@ def _zero_dq_sum(own: dict, inputs, frame, symints) -> None:
     own["dq_sum"] = torch.zeros(own["dq"].shape, device=own["dq"].device, dtype=torch.float32)
 
 
-def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, symints, input_grads: bool,
-                        record: list) -> None:
-    """dK and dV, then dQ: by their own kernels, or by ``plan.atomics`` alone (dK·dV's kernel
-    adding each key tile's share of dQ to the zeroed fp32 ``dq_sum``), as ``_atomics_allowed``
-    says. Tuned, the choice is a candidate tile of the pair: ("kernels", tile) launches dK·dV at
-    the tile and dQ at its own tuned tile, ("atomics", tile) the atomic kernel. The launches made
-    are appended to ``record`` (``_launch``)."""
+def _launch_key_kernels(plan, dkdv, dq, atomics, own: dict, inputs: list, frame: list, symints, input_grads: bool,
+                        record: list, group=None) -> None:
+    """dK and dV, then dQ: by their own kernels, or by ``atomics`` alone (dK·dV's kernel adding
+    each key tile's share of dQ to the zeroed fp32 ``dq_sum``), as ``_atomics_allowed`` says.
+    Tuned, the choice is a candidate tile of the pair: ("kernels", tile) launches dK·dV at the
+    tile and dQ at its own tuned tile, ("atomics", tile) the atomic kernel. The launches made are
+    appended to ``record`` (``_launch``). ``group``: the grouped key kernels' (GROUP, G_INNER)."""
     allowed = _atomics_allowed(plan, inputs[0].device)
     if allowed is None:
-        _launch(plan, dkdv, own, inputs, frame, symints, input_grads, record=record)
+        _launch(plan, dkdv, own, inputs, frame, symints, input_grads, record=record, group=group)
         _launch(plan, dq, own, inputs, frame, symints, input_grads, record=record)
         return
-    atomic = _runner(plan, plan.atomics, own, inputs, frame, symints, input_grads)
+    atomic = _runner(plan, atomics, own, inputs, frame, symints, input_grads, group=group)
 
     def run_atomics(tile):
         _zero_dq_sum(own, inputs, frame, symints)
         return atomic(tile)
 
     if allowed == "always":
-        record += [_zero_dq_sum, _bound(plan.atomics, run_atomics(_tile(plan, plan.atomics, run_atomics, inputs, frame)))]
+        record += [_zero_dq_sum, _bound(atomics, run_atomics(_tile(plan, atomics, run_atomics, inputs, frame)))]
         return
-    pair, dq_run = (_runner(plan, kernel, own, inputs, frame, symints, input_grads) for kernel in (dkdv, dq))
+    pair = _runner(plan, dkdv, own, inputs, frame, symints, input_grads, group=group)
+    dq_run = _runner(plan, dq, own, inputs, frame, symints, input_grads)
     dq_tile = _tile(plan, dq, dq_run, inputs, frame)
 
     def run(choice):   # the kernels launched and what each launch returned
         if choice[0] == "atomics":
-            return [(plan.atomics, run_atomics(choice[1:]))]
+            return [(atomics, run_atomics(choice[1:]))]
         return [(dkdv, pair(choice[1:])), (dq, dq_run(dq_tile))]
 
     tiles = backward_tiles(plan.d, plan.dv, "key")
@@ -264,13 +310,13 @@ def _launch_key_kernels(plan, dkdv, dq, own: dict, inputs: list, frame: list, sy
 
 
 def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
-            repaired_only: bool = False, record: list | None = None) -> None:
+            repaired_only: bool = False, record: list | None = None, group=None) -> None:
     """Launch one backward kernel on the tensors ``own`` (by the names the programs give them) and
     the forward's ``inputs``, at the tile the tuner chose for it; the statistics kernel with
     ``repaired_only`` (the row tiles the forward's repair kernel marked) at its first tile, untimed:
     most of its programs return at once. The launch, bound (``_Bound``; None where it cannot be),
     is appended to ``record``."""
-    run = _runner(plan, kernel, own, inputs, frame, symints, input_grads, repaired_only)
+    run = _runner(plan, kernel, own, inputs, frame, symints, input_grads, repaired_only, group)
     if repaired_only:
         launched = run(INTERPRETER_TILE if interpreting() or inputs[0].device.type != "cuda"
                        else backward_tiles(plan.d, plan.dv, kernel.per)[0])
@@ -284,14 +330,14 @@ def _launch(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
 BOUND_CAPACITY = 64
 
 
-def _layout_key(inputs, own: dict, frame, symints, input_grads: bool, launches: tuple):
+def _layout_key(inputs, own: dict, frame, symints, input_grads: bool, launches: tuple, group=None):
     """What fixes every argument of the backward's launches but the tensors (Triton specializes
     each pointer on its 16-byte alignment), and the kernels and tiles chosen: None where launches
     are not remembered (``Launcher.binds``). ``launches``: whether the repaired rows' statistics
     are computed, and the kernels to launch."""
     if not Launcher.binds(inputs[0]):
         return None
-    return (tuning.state(), torch.cuda.current_device(), tuple(frame), tuple(symints), input_grads, launches,
+    return (tuning.state(), torch.cuda.current_device(), tuple(frame), tuple(symints), input_grads, launches, group,
             config.dq_atomics, torch.are_deterministic_algorithms_enabled(),
             tuple((t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in inputs),
             tuple((name, t.data_ptr() % 16 == 0) for name, t in own.items()))
@@ -333,11 +379,13 @@ def _bound(kernel, launched) -> _Bound | None:
 
 
 def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
-            repaired_only: bool = False):
+            repaired_only: bool = False, group=None):
     """``run(tile)``: one launch of ``kernel`` at ``tile`` (``_launch``), returning what ``_bound``
-    reads."""
+    reads; a grouped kernel's programs per K/V head (``group``: its GROUP, G_INNER)."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
+    if kernel.group:
+        batch //= group[0]
     dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
     fn = load_kernel(plan.source, kernel.name)
     summaries = {}  # the per-tile summaries of ids its loop's range reads, along the axis it loops over
@@ -352,6 +400,8 @@ def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
         flags = {"STORE_DG": input_grads} if kernel.input_grads else {}
         if kernel.statistics:
             flags["REPAIRED_ONLY"] = repaired_only
+        if kernel.group:
+            flags["GROUP"], flags["G_INNER"] = group
         args = [*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values)]
         constexprs = {**dims, "BLOCK_M": bm, "BLOCK_N": bn, **flags}
         compiled = fn[grid](*args, **constexprs, num_warps=warps, num_stages=stages)

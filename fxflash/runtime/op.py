@@ -51,6 +51,10 @@ class RegisteredRegion:
     extra_is_float: tuple      # for each extra input of the reference: float (else int)
     epilogue: Subgraph | None = None  # the ops after P·V, where the region has them and a fused backward
     computed: dict = dataclasses.field(default_factory=dict)  # gradient tile j → the Subgraph computing its value
+    # per input, the view chain (launch.replay_views) from the tensor the op is given to the one the
+    # kernel reads, or None: GQA's K and V are given before their broadcast, so that their gradients
+    # are the K/V heads' own (rewrite.grouped_views; the grouped key programs sum them)
+    views: tuple | None = None
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
     # the backward's launches per layout (runtime/backward._layout_key → its _Bound steps)
@@ -85,15 +89,18 @@ class RegisteredRegion:
         return [next(floats) if f else next(ints) for f in self.extra_is_float]
 
     def run(self, inputs, sizes, scalars, views=None, statistics: bool = False) -> list:
-        """``views``: the view chains folded into a direct call (``launch.replay_views``);
-        ``statistics``: run the training forward (``plan.training``), whose results end with what
-        the fused backward reads (``training_outputs``, shaped by ``training_shapes``)."""
+        """``views``: the view chains folded into a direct call (``launch.replay_views``), before the
+        region's own (``self.views``); ``statistics``: run the training forward (``plan.training``),
+        whose results end with what the fused backward reads (``training_outputs``, shaped by
+        ``training_shapes``)."""
         frame, shapes, _ = self.split(sizes)
+        views = then_views(views, self.views)
         if self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame)):
             try:
                 with stage("launch", PinRefused):
                     if statistics:  # no eager candidate: the region's own ops give no statistics
-                        return self.training_launcher(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)])
+                        return self.training_launcher(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)],
+                                                      views)
                     return self.launcher(inputs, sizes, frame, shapes, views,
                                          own_ops=lambda: self.reference(*replay_views(inputs, views),
                                                                         *self.extras(sizes, scalars)))
@@ -109,10 +116,18 @@ class RegisteredRegion:
 
             outputs = self.plan.training.training_outputs
             if "m" in outputs:
-                results += row_statistics(self, inputs, frame, self.extras(sizes, scalars), self.plan.symints(sizes))
+                results += row_statistics(self, replay_views(inputs, views), frame, self.extras(sizes, scalars),
+                                          self.plan.symints(sizes))
             if "o" in outputs:
                 results.append(inputs[0].new_empty([*frame[:-1], self.plan.dv], dtype=self.plan.training.side_dtypes[-1]))
         return results
+
+
+def then_views(first, then) -> tuple | None:
+    """Per input, the view chain ``first`` followed by ``then`` (either None: none)."""
+    if not first or not then:
+        return first or then
+    return tuple((*(a or ()), *(b or ())) for a, b in zip(first, then))
 
 
 # A region lives as long as a graph that calls it: ``owned`` maps each graph (weakly) to the
@@ -253,7 +268,7 @@ def _backward(ctx, grads_out):
         return None, grads, None, ctx.no_scalars, None
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, ctx.needs)]
-        outs = registered(ctx.key).reference(*leaves, *ctx.extra)
+        outs = entry.reference(*replay_views(leaves, entry.views), *ctx.extra)
         pairs = [(o, g) for o, g in zip(outs, grads_out) if g is not None and o.requires_grad]
         wanted = [leaf for leaf, need in zip(leaves, ctx.needs) if need]
         grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)

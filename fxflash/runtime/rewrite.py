@@ -52,6 +52,29 @@ def _view_chain(node: fx.Node) -> tuple[fx.Node, tuple]:
     return node, tuple(reversed(chain))
 
 
+# The views a grouped key program reads through (codegen/backward.group_axis): each keeps the
+# order of its base's axes, so the base's gradient is the K/V heads' sums laid out as the base.
+GROUP_VIEWS = ("unsqueeze", "expand")
+
+
+def grouped_views(plan: KernelPlan, inputs: list) -> tuple[list, tuple | None]:
+    """(the op's inputs, RegisteredRegion.views): where the fused backward has grouped key programs
+    (GQA's K and V broadcast over query heads), K and V given before their ``unsqueeze`` and
+    ``expand``, which the op replays, so that autograd asks the op for the K/V heads' gradients
+    (summed in the kernel) rather than a gradient per query head that it would sum itself."""
+    backward = plan.backward
+    if backward is None or not backward.grouped:
+        return inputs, None
+    summarized = {i for i, _ in plan.summaries}
+    given, views = list(inputs), [None] * len(inputs)
+    for i in dict.fromkeys((backward.k[0], backward.v[0])):
+        base, chain = _view_chain(inputs[i])
+        if i in summarized or not chain or any(name not in GROUP_VIEWS for name, _ in chain):
+            return inputs, None
+        given[i], views[i] = base, chain
+    return given, tuple(views)
+
+
 def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` whose region calls go through ``call_region`` (for graphs that run as
     Python, never handed to a compiler). The view ops that only feed a region's input (GQA's
@@ -232,6 +255,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
     reference, extra = reference_subgraph(results, plan.input_nodes)
     inputs = [node_map[n] for n in plan.input_nodes]
     sources = inputs + [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs, views = grouped_views(plan, inputs)
     inside = {node_map[n] for n in region.nodes}
     with gm.graph.inserting_before(at):
         frame = [_size_arg(gm, s, sources) for s in region.out_frame_shape]
@@ -239,7 +263,7 @@ def replace_region(gm: fx.GraphModule, region: Region, plan: KernelPlan, kernel,
         is_float = tuple(isinstance(n.meta.get("val"), (float, torch.SymFloat)) for n in extra)
         ranks = tuple(r.meta["val"].dim() for r in results)
         key = register(RegisteredRegion(plan, kernel, reference, ranks, is_float,
-                                        _epilogue(region, plan, extra), _computed(plan, extra)), gm)
+                                        _epilogue(region, plan, extra), _computed(plan, extra), views), gm)
         # the reference's integers, then the kernel's (KernelPlan.sym_nodes: the launch reads the last ones)
         sizes = (frame + shapes + [node_map[n] for n, f in zip(extra, is_float) if not f]
                  + [node_map[n] for n in plan.sym_nodes])

@@ -181,7 +181,9 @@ class TileProgram:
     sizes ``[*batch, M, N]``; ``streams``: score maps computed over the same keys (differential
     attention), each with its own Q tile and running values. ``per``: the tile each program
     owns, "row" (the forward) or "key" (a backward's dK and dV); ``loop``: the tiles its loop
-    visits, "key", "row" or "" (no loop: a backward's row sums)."""
+    visits, "key", "row" or "" (no loop: a backward's row sums). ``group``: a key program of
+    grouped-query attention, one per key tile of a K/V head, whose loop visits the row tiles of
+    every query head that reads that K/V head (dK and dV summed over the group in the program)."""
 
     name: str
     frame: tuple
@@ -193,6 +195,7 @@ class TileProgram:
     streams: int = 1
     per: str = "row"
     loop: str = "key"
+    group: bool = False
 
     def ops(self) -> tuple:
         """Every operation, in program order."""
@@ -201,13 +204,15 @@ class TileProgram:
     def __str__(self) -> str:
         *batch, m, n = self.frame
         tiles = {"row": f"⌈{m}/BM⌉", "key": f"⌈{n}/BN⌉"}[self.per]
-        grid = " × ".join([*(str(b) for b in batch), tiles])
-        lines = [f"tile program {self.name}: one program per {self.per} tile, grid [{grid}]"
+        grid = " × ".join([*(str(b) for b in batch), tiles] if not self.group else ["K/V heads", tiles])
+        owner = f"{self.per} tile" + (" of a K/V head" if self.group else "")
+        lines = [f"tile program {self.name}: one program per {owner}, grid [{grid}]"
                  + (f", {self.streams} streams" if self.streams > 1 else "")]
         lines += [f"  {op}" for op in self.prologue]
         if self.loop:
             count = {"key": f"{n} keys", "row": f"{m} rows"}[self.loop]
-            lines.append(f"  for each {self.loop} tile of {count}:")
+            lines.append(f"  for each {self.loop} tile of {count}"
+                         + (" of each query head of the group:" if self.group else ":"))
             lines += [f"    {op}" for op in (*self.skips, *self.body)]
             lines.append("  after the loop:")
             lines += [f"    {op}" for op in self.epilogue]
