@@ -2,6 +2,7 @@
 
     python examples/train_gpt.py                                 # 300 steps, each of eager, torch.compile, fxflash
     python examples/train_gpt.py --paths fxflash --steps 50 --out curve.png
+    python examples/train_gpt.py --paths inductor-graphs fxflash-graphs   # mode="reduce-overhead": CUDA graphs
     python examples/train_gpt.py --tiny --device cpu --steps 3   # a check that runs anywhere (interpreter)
     python examples/train_gpt.py --plot-only losses.csv --out curve.png   # redraw a --csv file
 
@@ -94,11 +95,17 @@ def markov_batches(steps: int, batch: int, context: int, vocab: int, seed: int =
     return out
 
 
-def train(model, batches, device, compile_with: str | None, lr: float):
+# path → (torch.compile's backend, its mode): "-graphs" paths record each step's graphs as CUDA
+# graphs (mode="reduce-overhead"), which takes the host's launch work out of the step
+PATHS = {"eager": (None, None), "inductor": ("inductor", None), "fxflash": ("fxflash", None),
+         "inductor-graphs": ("inductor", "reduce-overhead"), "fxflash-graphs": ("fxflash", "reduce-overhead")}
+
+
+def train(model, batches, device, compile_with: str | None, lr: float, mode: str | None = None):
     """Losses per step, step times (s) and the fxflash reports of the graphs compiled."""
     from fxflash.backend import recording
 
-    step_model = model if compile_with is None else torch.compile(model, backend=compile_with)
+    step_model = model if compile_with is None else torch.compile(model, backend=compile_with, mode=mode)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda"
                 else contextlib.nullcontext())
@@ -122,8 +129,7 @@ def train(model, batches, device, compile_with: str | None, lr: float):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paths", nargs="*", default=["eager", "inductor", "fxflash"],
-                        choices=["eager", "inductor", "fxflash"])
+    parser.add_argument("--paths", nargs="*", default=["eager", "inductor", "fxflash"], choices=list(PATHS))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -148,13 +154,13 @@ def main() -> None:
     for path in opts.paths:
         print(f"{path}:", flush=True)
         model = copy.deepcopy(initial).to(device)
-        compile_with = {"eager": None, "inductor": "inductor", "fxflash": "fxflash"}[path]
+        compile_with, mode = PATHS[path]
         torch._dynamo.reset()
-        losses, times, reports = train(model, batches, device, compile_with, opts.lr)
+        losses, times, reports = train(model, batches, device, compile_with, opts.lr, mode)
         steady = times[10:] or times
         curves[path] = losses
         line = f"  median step {statistics.median(steady) * 1e3:.1f} ms, first step {times[0]:.1f} s"
-        if path == "fxflash":
+        if compile_with == "fxflash":
             graphs = {id(report): report for report in reports}.values()   # each compiled graph once
             regions = [r for report in graphs for r in report.regions]
             fused = [r for r in regions if r.fused]

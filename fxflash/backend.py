@@ -14,7 +14,9 @@ it can fuse, and hands the result to an inner compiler:
 A graph with nothing fused is compiled as Dynamo captured it, as if fxflash were not there.
 
 Choose with ``torch.compile(model, backend="fxflash", options={"inner": "eager"})`` or
-``torch.compile(model, backend=fxflash.backend(inner="eager"))``. The backend is registered
+``torch.compile(model, backend=fxflash.backend(inner="eager"))``. ``torch.compile``'s ``mode``
+(``"reduce-overhead"``: CUDA graphs; ``"max-autotune"``) is the inner Inductor's, as without
+fxflash: the fused regions' launches are recorded in its CUDA graphs. The backend is registered
 through the ``torch_dynamo_backends`` entry point, so it works without ``import fxflash``.
 """
 from __future__ import annotations
@@ -55,12 +57,13 @@ def _resolved(inner: str, example_inputs) -> str:
     return "inductor" if on_gpu else "eager"
 
 
-def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs):
+def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None):
     if inner == "eager":
         return gm
+    from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs)
+    return compile_fx(gm, example_inputs, config_patches=list_mode_options(mode) if mode else None)
 
 
 def _retrace(gm: torch.fx.GraphModule, example_inputs, keep_origins: bool = False):
@@ -167,7 +170,8 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     return captured, rewritten, report, regions, direct
 
 
-def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, keep: bool) -> _Recorded:
+def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: bool, keep: bool,
+             mode: str | None = None) -> _Recorded:
     seconds: dict = {}
     inner = _resolved(inner, example_inputs)
     try:
@@ -180,7 +184,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
         else:
             internal.warn(exc, "the graph runs as eager PyTorch", stacklevel=2)
         report = Report(regions=[], graph=gm, analysis=None, seconds=seconds, capture_note=str(exc), inner=inner)
-        return _Recorded(_inner_compile(inner, gm, example_inputs), report, [])
+        return _Recorded(_inner_compile(inner, gm, example_inputs, mode), report, [])
     report.inner = "" if explaining else inner
     if keep:
         recent_reports.append(report)
@@ -188,34 +192,43 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     if explaining or not regions:
         # nothing fused (or explain(), which runs no kernel): Dynamo's own graph, as it would be
         # compiled without fxflash; with inner="eager" that is the user's ops, bit for bit
-        return _Recorded(_inner_compile(inner, gm, example_inputs), report, [])
+        return _Recorded(_inner_compile(inner, gm, example_inputs, mode), report, [])
     if direct is not None:
         compiled = report.rewritten = direct  # the graph that runs, its regions called directly
     else:
-        compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs)
+        compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs, mode)
     return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
 
 
-def backend(inner: str = "inductor", explaining: bool = False, keep_reports: bool = True):
+def backend(inner: str = "inductor", explaining: bool = False, keep_reports: bool = True, mode: str | None = None):
     """A Dynamo backend callable that rewrites with fxflash, then compiles with ``inner``.
     ``explaining``: report only; each graph runs as Dynamo captured it (``fxflash.explain``).
-    ``keep_reports``: add each graph's report to ``recent_reports``."""
+    ``keep_reports``: add each graph's report to ``recent_reports``. ``mode``: torch.compile's mode
+    for the inner Inductor (``"reduce-overhead"``: CUDA graphs); not with ``inner="eager"``."""
     if inner not in INNER_COMPILERS:
         raise ValueError(f"fxflash backend: inner must be one of {INNER_COMPILERS}, got {inner!r}")
+    if mode not in (None, "default"):
+        from torch._inductor import list_mode_options
+
+        list_mode_options(mode)   # raises for a mode torch does not know
+        if inner == "eager":
+            raise ValueError(f"fxflash backend: mode {mode!r} is the inner Inductor's; inner='eager' compiles nothing")
 
     def fxflash_compile(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-        return _compile(gm, example_inputs, inner, explaining, keep_reports)
+        return _compile(gm, example_inputs, inner, explaining, keep_reports, mode)
 
     return fxflash_compile
 
 
-def fxflash_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
-    """The registered backend: ``options={"inner": "inductor" | "eager" | "auto"}``."""
+def fxflash_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None,
+                    **kwargs):
+    """The registered backend: ``options={"inner": "inductor" | "eager" | "auto"}``, or
+    torch.compile's ``mode`` for the inner Inductor (torch takes one of the two)."""
     options = dict(options or {})
     inner = options.pop("inner", "inductor")
     if options:
         raise ValueError(f"fxflash backend: unknown options {sorted(options)}; known: ['inner']")
-    return backend(inner)(gm, example_inputs)
+    return backend(inner, mode=mode)(gm, example_inputs)
 
 
 def register() -> None:

@@ -187,6 +187,24 @@ def test_torch_compile_runs_the_fused_kernel(inner):
     assert_fused(recent_reports[-1])
 
 
+def test_torch_compile_s_mode_is_the_inner_inductor_s(monkeypatch):
+    """``mode="reduce-overhead"`` reaches Inductor as its CUDA graphs setting (stubbed here: no C++
+    build on the CPU); with ``inner="eager"`` nothing would compile it, which is an error."""
+    import torch._inductor.compile_fx as compile_fx
+
+    patches = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, config_patches=None: patches.append(config_patches) or gm)
+    torch._dynamo.reset()
+    variant = VARIANTS["causal"]
+    args = variant.inputs(SHAPES["odd"])
+    compiled = torch.compile(variant.fn, backend="fxflash", mode="reduce-overhead")
+    assert_accurate(variant.fn, args, compiled(*args))
+    assert_fused(recent_reports[-1])
+    assert patches == [{"triton.cudagraphs": True}]
+    with pytest.raises(ValueError, match="inner Inductor"):
+        fxflash.backend(inner="eager", mode="reduce-overhead")
+
+
 def test_one_kernel_source_serves_every_sequence_length():
     variant = VARIANTS["sliding_window"]
     sources = set()

@@ -170,6 +170,22 @@ def test_torch_compile_on_gpu(name, inner):
     assert all(r.fused for r in recent_reports[0].regions), [r.reason for r in recent_reports[0].regions]
 
 
+def test_training_under_cuda_graphs_on_gpu():
+    """``torch.compile(backend="fxflash", mode="reduce-overhead")``: Inductor records the graphs,
+    the fused region's forward and backward launches among them, as CUDA graphs; steps replayed
+    from them give eager's gradients."""
+    from fxflash.backend import recent_reports
+
+    torch._dynamo.reset()
+    recent_reports.clear()
+    variant = VARIANTS["causal"]
+    args = variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")
+    compiled = torch.compile(variant.fn, backend="fxflash", mode="reduce-overhead")
+    for _ in range(3):   # warm-up, recording, replay
+        assert_gradients_accurate(variant.fn, compiled, args, wrt=(0, 1, 2))
+    assert [r.backward for r in recent_reports[-1].regions] == ["fused"]
+
+
 def test_optimize_compiles_the_rest_with_inductor_on_gpu():
     variant = VARIANTS["diff_transformer"]  # a region with an epilogue, and ops around it
     args = variant.inputs(SHAPES["odd"], torch.bfloat16, "cuda")
