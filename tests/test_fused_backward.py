@@ -95,22 +95,26 @@ def test_a_tensor_the_scores_read_gets_its_gradient_from_the_fused_backward(fn, 
     assert calls == [(True, 2)]
 
 
-@pytest.mark.parametrize("name,extra", [("causal", None), ("sigmoid_attention", None), ("head_bias", (SHAPE.H, SHAPE.M, SHAPE.N))])
+@pytest.mark.parametrize("name,extra", [("causal", None), ("sigmoid_attention", None), ("head_bias", (SHAPE.H, SHAPE.M, SHAPE.N)),
+                                        ("key_bias", (SHAPE.B, 1, 1, SHAPE.N))])   # summed over each tile's rows too
 def test_dq_added_by_atomics_from_the_key_kernel(name, extra, monkeypatch):
-    """``dq_atomics="1"``: dK·dV's kernel adds each key tile's dS·K to dQ (and stores a bias's
-    gradient tiles), no dQ kernel runs; under deterministic algorithms the dQ kernel runs."""
+    """``dq_atomics="1"``: dK·dV's kernel adds each key tile's dS·K to dQ (and a bias's gradient
+    tiles into the bias's own gradient, summed over the batch it broadcasts along), no dQ kernel
+    runs; under deterministic algorithms the dQ kernel runs."""
     import fxflash.runtime.backward as backward
 
-    launched = []
-    runner = backward._runner
+    launched, added = [], []
+    runner, adding = backward._runner, backward._added_gradients
     monkeypatch.setattr(backward, "_runner", lambda plan, kernel, *a, **k: launched.append(kernel.name.rsplit("_", 1)[-1])
                         or runner(plan, kernel, *a, **k))
+    monkeypatch.setattr(backward, "_added_gradients", lambda *a: added.append(adding(*a)) or added[-1])
     monkeypatch.setattr(fxflash.config, "dq_atomics", "1")
     fn, args = (VARIANTS[name].fn, VARIANTS[name].inputs(SHAPE)) if extra is None else (
         _biased, (*VARIANTS["vanilla"].inputs(SHAPE), torch.randn(extra, generator=torch.Generator().manual_seed(0))))
     assert _fused_backward_of(fn, *args) == ["fused"]
     assert_gradients_accurate(fn, fxflash.optimize(fn), args, wrt=tuple(range(len(args))))
     assert "dkdvdq" in launched and "dq" not in launched and "dkdv" not in launched
+    assert added == ([{0}] if extra is not None else [])
     if name == "causal":
         launched.clear()
         torch.use_deterministic_algorithms(True, warn_only=True)

@@ -300,8 +300,14 @@ class _Kernel:
             name = f"dg{len(self.input_grads)}"
             self.input_grads.append(op.tensor[1:])   # "d<input>"
             self.own.append(name)
-            out.append(f"if STORE_DG: tl.store({name}_ptr + (lin.to(tl.int64) * M + {ROW}) * N + {COL}, "
-                       f"{self.ref(op.value)}, mask=valid)")
+            value = self.ref(op.value)
+            store = (f"tl.store({name}_ptr + (lin.to(tl.int64) * M + {ROW}) * N + {COL}, {value}, mask=valid)")
+            added = self.added_gradient(self.nodes[op.tensor[1:]], value)
+            if added is None:
+                out.append(f"if STORE_DG: {store}")
+            else:   # ADD_DG: added into the input's own gradient, else the tile stored whole
+                self.own.append(f"dga{len(self.input_grads) - 1}")
+                out += ["if ADD_DG:", f"    {added}", "elif STORE_DG:", f"    {store}"]
             return
         # a row value goes to the tensor the Store names (the quiet softmax's c to ``m``); a
         # gradient tile to the program's own tensor of its value's name (``dk``: ``dk_ptr``)
@@ -318,6 +324,38 @@ class _Kernel:
         store, sem = ("tl.atomic_add", ", sem='relaxed'") if op.add else ("tl.store", "")
         out.append(f"{store}({ptr} + (lin.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :], {value}, "
                    f"mask=({rows} < {size}) & ({offs}[None, :] < {cols}){sem})")
+
+    def added_gradient(self, node: fx.Node, value: str) -> str | None:
+        """The atomic add of this tile's gradient of the input ``node`` into ``dga<j>``, an fp32
+        tensor of the input's own shape (dense, zeroed by the launch) at the tile's places in it:
+        the input's index expressions with that tensor's strides (``dense_stride``), so the tiles
+        of every batch item the input broadcasts over add into one place (the Evoformer's pair
+        bias over its N_seq rows) and no [B·H, M, N] tile per item is kept. None for a value the
+        kernel computes rather than loads (its tile goes through the ops computing it)."""
+        vp = self.vp
+        idx = vp.idx_of(node, vp.frame_idx)
+        if vp.kinds.get(node) is OpKind.INDEX or vp.outside_values.computed(node) or vp.vector_producer(node, idx):
+            return None
+        i = vp.tensor_input(node)
+        terms = []
+        for axis, e in enumerate(idx):
+            if e is None:
+                continue
+            stride = f"in{i}_g{axis}"
+            if stride not in vp.params:
+                vp.param(stride, ("dense_stride", i, axis))
+            terms.append(f"({e}).to(tl.int64) * {stride}" if e.startswith("fb") else f"({e}) * {stride}")
+        # an input constant along the tile's rows or keys (a key mask's bias, [B, 1, 1, N]) takes
+        # the tile's sum along them
+        value, used = f"tl.where(valid, {value}, 0.0)", {e for e in idx if e}
+        masks = {ROW: f"({ROW} < M)", COL: "col_ok"}
+        for axis, index in ((0, ROW), (1, COL)):
+            if index not in used:
+                value = f"tl.sum({value}, {axis}, keep_dims=True)"
+        mask = " & ".join(masks[index] for index in (ROW, COL) if index in used) or None
+        j = len(self.input_grads) - 1
+        return (f"tl.atomic_add(dga{j}_ptr + {' + '.join(terms) or '0'}, {value}"
+                + (f", mask={mask}" if mask else "") + ", sem='relaxed')")
 
     def tile_range(self, prog: ir.TileProgram) -> list | None:
         """Lines that bound the loop to ``[lo_t, hi_t)``: the tiles it visits outside that range are
@@ -472,6 +510,7 @@ class _Kernel:
         params = [*(f"{name}_ptr" for name in self.own), *vp.params, "BLOCK_M: tl.constexpr",
                   "BLOCK_N: tl.constexpr", "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr",
                   "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else []),
+                  *(["ADD_DG: tl.constexpr"] if any(n.startswith("dga") for n in self.own) else []),
                   *(["REPAIRED_ONLY: tl.constexpr"] if statistics else []),
                   *(["GROUP: tl.constexpr", "G_INNER: tl.constexpr"] if group else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]

@@ -1769,7 +1769,7 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
 def _reindexed(spec: tuple, inputs: list, own_inputs: list, sym_nodes: list, own_sym_nodes: list) -> tuple:
     """An argument spec of a kernel printed beside the plan's (the repair kernel, the Gluon kernel),
     its input or symbolic integer referred to by its place among the plan's."""
-    if spec[0] in ("ptr", "stride", "size"):
+    if spec[0] in ("ptr", "stride", "size", "dense_stride"):
         return (spec[0], inputs.index(own_inputs[spec[1]]), *spec[2:])
     if spec[0] == "symint":
         return ("symint", sym_nodes.index(own_sym_nodes[spec[1]]))

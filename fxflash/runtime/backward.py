@@ -172,10 +172,15 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
         kernels, repaired = kernels[1:], entry.plan.training.repair_args is not None
     else:
         own["m"], own["inv_l"] = torch.empty(batch, m, **f32), torch.empty(batch, m, **f32)
-    # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for
+    # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for.
+    # A loaded input's gradient is added into a zeroed fp32 tensor of its own shape where atomics are
+    # allowed (``dga<j>``, _added_gradients), instead of a [B·H, M, N] tile per batch item summed after
     slots = [i for kernel in plan.kernels for i in kernel.input_grads]
-    own.update({f"dg{j}": torch.zeros(batch, m, n, **f32) if input_grads else torch.zeros(1, **f32)
-                for j in range(len(slots))})
+    added = _added_gradients(plan, device) if input_grads else set()
+    for j, i in enumerate(slots):
+        own[f"dg{j}"] = torch.zeros(batch, m, n, **f32) if input_grads and j not in added else torch.zeros(1, **f32)
+        if any(f"dga{j}" in kernel.own for kernel in plan.kernels):
+            own[f"dga{j}"] = torch.zeros(inputs[i].shape, **f32) if j in added else torch.zeros(1, **f32)
     key = _layout_key(inputs, own, frame, symints, input_grads, (repaired, *(k.name for k in kernels)), group)
     steps = entry.bound_backward.get(key) if key is not None else None
     with _on(device):
@@ -205,11 +210,24 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
         grads[where[0]] = g if where[0] not in grads else grads[where[0]] + g
     result = [grads[i] for i in plan.inputs]
     if input_grads:
-        tiles = [own[f"dg{j}"].view(*batch_sizes, m, n) for j in range(len(slots))]
-        result += [tiles[j].sum_to_size(inputs[i].shape).to(inputs[i].dtype) for j, i in enumerate(slots) if i is not None]
+        def tile(j):
+            return own[f"dg{j}"].view(*batch_sizes, m, n)
+
+        result += [(own[f"dga{j}"] if j in added else tile(j).sum_to_size(inputs[i].shape)).to(inputs[i].dtype)
+                   for j, i in enumerate(slots) if i is not None]
         for j in sorted(entry.computed):   # a computed value's tile, through the ops computing it
-            result += _subgraph_gradients(entry.computed[j], [], inputs, extras, tiles[j])
+            result += _subgraph_gradients(entry.computed[j], [], inputs, extras, tile(j))
     return result + after_pv, {plan.k[0], plan.v[0]} if group else set()
+
+
+def _added_gradients(plan, device) -> set:
+    """The gradient slots whose kernels add each tile into the input's own gradient (``dga<j>``):
+    those of inputs the kernels load, where atomics are allowed (``_atomics_allowed``: on a GPU,
+    not under deterministic algorithms nor ``FXFLASH_DQ_ATOMICS=0``; the summation order varies
+    from run to run)."""
+    if _atomics_allowed(plan, device) is None:
+        return set()
+    return {int(name[3:]) for kernel in plan.kernels for name in kernel.own if name.startswith("dga")}
 
 
 def _epilogue_gradients(entry, inputs: list, o: torch.Tensor, grad: torch.Tensor, extras: list) -> list:
@@ -348,13 +366,16 @@ class _Bound:
     its grid, called directly (no JIT entry: its binding of about forty arguments costs more host
     time than a short kernel runs) with the arguments of the first launch, the tensors filled in."""
 
-    def __init__(self, runner, template: list, slots: list, kernel, block: int):
+    def __init__(self, runner, template: list, slots: list, kernel, block: int, zeroed: list):
         self.runner, self.template, self.slots, self.kernel, self.block = runner, template, slots, kernel, block
+        self.zeroed = zeroed   # the gradients it adds into (ADD_DG), zeroed before it runs
 
     def __call__(self, own: dict, inputs, frame, symints) -> None:
         summaries = [min_max_per_tile(inputs[i], axis, self.block) for i, axis in self.kernel.summaries]
         args = _filled(self.template, self.slots, LaunchValues(inputs, frame, None, [], summaries, tuple(symints)))
         args[:len(self.kernel.own)] = [own[name] for name in self.kernel.own]
+        for name in self.zeroed:
+            own[name].zero_()
         self.runner(*args)
 
 
@@ -375,7 +396,8 @@ def _bound(kernel, launched) -> _Bound | None:
         template[position] = None   # hold no tensor of this call
     for position in range(lead):
         template[position] = None
-    return _Bound(compiled[(*grid, 1, 1)[:3]], template, slots, kernel, block)
+    zeroed = [name for name in kernel.own if name.startswith("dga")] if constexprs.get("ADD_DG") else []
+    return _Bound(compiled[(*grid, 1, 1)[:3]], template, slots, kernel, block, zeroed)
 
 
 def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
@@ -398,6 +420,11 @@ def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
         values = LaunchValues(inputs, frame, None, [], summaries[block], tuple(symints))
         grid = (triton.cdiv(m, bm) * batch if kernel.per == "row" else triton.cdiv(n, bn) * batch,)
         flags = {"STORE_DG": input_grads} if kernel.input_grads else {}
+        adds = [name for name in kernel.own if name.startswith("dga")]
+        if adds:   # every launch (the tuner's too) adds into zeroed gradients: the last one's stay
+            flags["ADD_DG"] = bool(input_grads) and _atomics_allowed(plan, inputs[0].device) is not None
+            for name in adds if flags["ADD_DG"] else ():
+                own[name].zero_()
         if kernel.statistics:
             flags["REPAIRED_ONLY"] = repaired_only
         if kernel.group:

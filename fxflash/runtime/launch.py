@@ -196,6 +196,8 @@ ARG_SOURCES = {
     "summary": lambda spec, v: v.summaries[spec[1]][spec[2]],
     "summary_stride": lambda spec, v: v.summaries[spec[1]][0].stride(spec[2]),
     "symint": lambda spec, v: v.symints[spec[1]],
+    # the stride of a dense tensor of the input's shape (a backward's gradient of it, fp32)
+    "dense_stride": lambda spec, v: math.prod(v.shapes[spec[1]][spec[2] + 1:]),
 }
 TENSOR_KINDS = ("ptr", "side", "summary")  # the parameters a bound launch fills in at each call
 
