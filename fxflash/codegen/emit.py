@@ -296,19 +296,25 @@ class _Printer:
         self.frame_idx = tuple(idx)
 
     def stream_lin(self, stream) -> str:
-        """The flat batch index of the score frame for ``stream`` (the contraction's batch)."""
-        split = self.r.split
-        if stream is None or split is None:
+        """The flat batch index of the score frame for ``stream`` (the contraction's batch): a
+        variable bound before the loop (``stream_lin_code``)."""
+        if stream is None or self.r.split is None:
             return "lin"
+        name = f"lin_{stream}"
+        self.pre.append(f"{name} = {self.stream_lin_code(stream)}")
+        return name
+
+    def stream_lin_code(self, stream) -> str:
+        """The expression of ``stream``'s flat batch index: the frame's batch indices with the
+        stream's own inserted at the split axis."""
+        split = self.r.split
         fb = len(self.frame_shape) - 2
         axes = [(f"fb{i}", f"FB{i}") for i in range(fb)]
         axes.insert(split.axis + 1 if split.inner else split.axis, (str(stream), str(split.count)))
         code = axes[0][0]
         for index, size in axes[1:]:
             code = f"({code}) * {size} + {index}"
-        name = f"lin_{stream}"
-        self.pre.append(f"{name} = {code}")
-        return name
+        return code
 
     # -- parameters -------------------------------------------------------------------
     def tmp(self, prefix="t") -> str:

@@ -501,9 +501,10 @@ class GluonPlan:
 
 
 
-def _batch_axes(idx: tuple) -> bool:
-    """Are these index expressions batch indices (``fb0``, …) or broadcasts (None) only?"""
-    return all(e is None or re.fullmatch(r"fb\d+", e) for e in idx)
+def _batch_axes(idx: tuple, batch: tuple) -> bool:
+    """Are these index expressions the frame's batch indices ``batch`` (``fb0``, …) or broadcasts
+    (None) only?"""
+    return all(e is None or e in batch for e in idx)
 
 
 class _GluonPrinter(_Printer):
@@ -517,6 +518,11 @@ class _GluonPrinter(_Printer):
         super().__init__(region, name, options)
         self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset, a key vector?)
         self.gates: list = []  # at most one: (input index, its row axis, row stride's parameter, batch offset)
+
+    @property
+    def batch_indices(self) -> tuple:
+        """The names of the frame's batch indices (``fb0``, …; emit's ``frame_idx`` without streams)."""
+        return tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2))
 
     def load(self, node: fx.Node, idx: tuple) -> Value:
         if self.is_tma_gate(node, idx):
@@ -543,8 +549,9 @@ class _GluonPrinter(_Printer):
         emit's vector_producer); launch_refusal checks each launch's layout (TMA: the rows 16-byte
         aligned)."""
         val = node.meta["val"]
-        rows = idx[-2:] == (ROW, COL) and _batch_axes(idx[:-2])
-        vector = self.options.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1])
+        batch = self.batch_indices
+        rows = idx[-2:] == (ROW, COL) and _batch_axes(idx[:-2], batch)
+        vector = self.options.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1], batch)
         return (self.options.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2
                 and (rows or vector) and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
@@ -558,7 +565,7 @@ class _GluonPrinter(_Printer):
         return (self.options.gluon_tma_tiles and self.r.split is None
                 and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
                 and self.r.D == self.r.Dv  # the Q buffers it arrives in are [64, D]
-                and len(rows) == 1 and all(e in (None, ROW) or re.fullmatch(r"fb\d+", e) for e in idx[:-1])
+                and len(rows) == 1 and _batch_axes([e for e in idx[:-1] if e != ROW], self.batch_indices)
                 and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
                 and val.stride(-1) == 1 and val.stride(rows[0]) > 0)
 
@@ -573,7 +580,7 @@ class _GluonPrinter(_Printer):
         whole rows apart or inside one row, as TMA reads a [R, sr] matrix)."""
         index, val = self.output_index, self.r.output.meta["val"]
         if not (self.options.gluon_tma_store and self.gates and index and index.count(ROW) == 1 and index[-1] == DVC
-                and all(e == ROW or re.fullmatch(r"fb\d+", e) for e in index[:-1])
+                and _batch_axes([e for e in index[:-1] if e != ROW], self.batch_indices)
                 and val.dtype == self.r.q.node.meta["val"].dtype and _memory_order(val)[-1] == len(index) - 1):
             return None
         axis = index.index(ROW)
@@ -645,7 +652,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = [to_gluon(line) for line in pr.tile_range()]
-    if others and any(re.search(r"\bsb\d+_\d+\b", line) for line in tile_range):
+    if others and pr.skips_tiles and any(_varies_along(mask.condition, pr.frame_shape, r.split.axis)
+                                         for mask in r.tile_masks):
         raise Unprintable("two softmax streams with masks whose key tiles depend on the stream's heads")
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
@@ -671,20 +679,20 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
                      store=out_tma[0] if out_tma else None, options=options, sym_nodes=tuple(pr.sym_nodes))
 
 
+def _varies_along(node, frame_shape, axis: int) -> bool:
+    """Does ``node``'s value, broadcast into the score frame, vary along the frame's ``axis``?"""
+    shape = tuple(node.meta["val"].shape)
+    at = axis - (len(frame_shape) - len(shape))   # its own axis there, shapes aligned from the right
+    return at >= 0 and not (isinstance(shape[at], int) and shape[at] == 1)
+
+
 def _stream_lins(pr: _Printer) -> list:
     """``(suffix, line of its flat batch index)`` per stream, for Q's and K's rows: ``("", "lin")``
     alone without streams; with two, stream 0's names plain and stream 1's suffixed ``_1``, each
     stream's index (emit's ``stream_lin``) printed inline."""
     if pr.r.split is None:
         return [("", "lin")]
-    lins = []
-    for st in pr.streams:
-        before = len(pr.pre)
-        pr.stream_lin(st)
-        (line,) = pr.pre[before:]
-        del pr.pre[before:]
-        lins.append(("_1" if st else "", f"({line.split(' = ', 1)[1]})"))
-    return lins
+    return [("_1" if st else "", f"({pr.stream_lin_code(st)})") for st in pr.streams]
 
 
 # The consumer's store of its rows ``out`` (fp32, [64, Dv] in the wgmma layout) into a contiguous
