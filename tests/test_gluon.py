@@ -4,6 +4,7 @@ in test_gpu.py (Hopper only: Triton's interpreter cannot run Gluon)."""
 import itertools
 import math
 import re
+import types
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import fxflash
 from fxflash.runtime import gluon_launch, tuning
 from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STORE_DRAIN,
                                    STREAM_CONFIGS, emit_gluon, fits_shared_memory, gluon_tile, register_budget,
-                                   row_sums_by_mma, shared_bytes, to_gluon)
+                                   row_sums_by_mma, shared_bytes, GL)
 from fxflash.runtime.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
@@ -217,12 +218,19 @@ def test_v_may_have_a_head_dim_other_than_q_and_k(d, dv):
 
 
 @pytest.mark.fusion_independent
-def test_lines_with_a_triton_function_gluon_lacks_are_refused():
-    assert to_gluon("t1 = tl.where(c, tl.exp2(x), tl.maximum(a, b))") == \
-        "t1 = gl.where(c, gl.exp2(x), gl.maximum(a, b))"
-    assert to_gluon("t = _fx_sigmoid(x)") == "t = _fx_sigmoid(x)"   # a helper, defined in Gluon (HELPERS)
+def test_the_printers_spell_gluon_s_names_and_refuse_a_function_gluon_lacks():
+    """The same printers print both kernels, each with its backend's names (printers.Namespace):
+    no line is translated after it is printed."""
+    from fxflash.codegen.printers import PRINTERS, TL
+
+    node = types.SimpleNamespace(kwargs={}, args=(None, None))
+    maximum = PRINTERS[torch.ops.aten.maximum]
+    assert maximum(["a", "b"], node, TL) == "tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)"
+    assert maximum(["a", "b"], node, GL) == "gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)"
+    assert PRINTERS[torch.ops.aten.erf](["x"], node, GL) == "gl.erf(x)"
+    assert PRINTERS[torch.ops.aten.sigmoid](["x"], node, GL) == "_fx_sigmoid(x)"   # a helper Gluon defines (HELPERS)
     with pytest.raises(Unprintable, match="tl.cumsum"):
-        to_gluon("t = tl.cumsum(x, 0)")
+        GL.cumsum
 
 
 @needs_gluon

@@ -31,8 +31,8 @@ from ..analysis import OpKind
 from ..config import interpreting
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
-from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_FINISH, FULL_RUN_INIT, KEY_TILES, ROW, KernelPlan, Value,
-                   _Printer, _dot, _pow2, _reindexed, _scaled, full_run_chunk, module_source)
+from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, KernelPlan, Value,
+                   _Printer, _dot, _pow2, _reindexed, _scaled, full_run_chunk, full_run_finish, module_source)
 from .intervals import IntervalPrinter, NoInterval
 from .printers import TRITON_DTYPES, Unprintable, literal
 
@@ -403,7 +403,7 @@ class _Kernel:
         chunk += full_run_chunk(t, f"{size} // {block}", " & ".join(full))
         return [*own, *once, f"n_tiles = tl.cdiv({size}, {block}).to(tl.int32)", "lo_t = n_tiles",
                 "hi_t = n_tiles * 0", *FULL_RUN_INIT, f"for c0 in range(0, n_tiles, {scan}):",
-                *("    " + line for line in chunk), "hi_t = tl.maximum(hi_t, lo_t)", *FULL_RUN_FINISH]
+                *("    " + line for line in chunk), "hi_t = tl.maximum(hi_t, lo_t)", *full_run_finish()]
 
     def full_loop(self, loop: list, over_keys: bool) -> list | None:
         """The loop body for a full tile: each skip mask's condition the constant it is there (Triton

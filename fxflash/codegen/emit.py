@@ -34,7 +34,8 @@ from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncas
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from ..tile.outside import VECTOR_VIEWS, Outside
-from .printers import GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TRITON_DTYPES, Unprintable, compute_dtype, literal
+from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Namespace, Unprintable, compute_dtype,
+                       literal)
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -205,6 +206,8 @@ def _frame_scores(frame) -> int:
 
 
 class _Printer:
+    L = TL   # how its lines name the tile language (printers.Namespace): Triton's
+
     def __init__(self, region: Region, name: str, options: KernelOptions, dv_split: int = 1):
         self.r = region
         self.options = options
@@ -266,6 +269,14 @@ class _Printer:
         # (max node, sum node) of the region's softmax whose row statistics the kernel also stores
         # (the training forward, emit_kernel's ``statistics``), or None
         self.statistics: tuple | None = None
+
+    def arange(self, size: str) -> str:
+        """``[0, size)`` as a vector of indices."""
+        return f"{self.L.arange}(0, {size})"
+
+    def constant_mask(self, value: int) -> str:
+        """A tile mask's condition where it is the constant ``value`` on every score of the tile."""
+        return f"{self.L.full}([1, 1], {value}, {self.L.int1})"
 
     def label(self, node: fx.Node) -> str:
         """``node``'s name in the kernel's variables: its op and its rank among the region's nodes of
@@ -349,7 +360,7 @@ class _Printer:
             off = f"{label}_boff" + (f"_{n}" if len(lins) > 1 else "")
             lines = [f"{off} = 0", f"rest = {lin}"]
             for axis in reversed(range(rank)):
-                lines.append(f"{off} += (rest % {label}_nb{axis}).to(tl.int64) * {label}_sb{axis}")
+                lines.append(f"{off} += (rest % {label}_nb{axis}).to({self.L.int64}) * {label}_sb{axis}")
                 lines.append(f"rest = rest // {label}_nb{axis}")
             self.pre.extend(lines)
             ptrs.append(f"{ptr} + {off} + {rows} * {sr} + {cols} * {sc}")
@@ -379,7 +390,7 @@ class _Printer:
             return self.sym_int(a)
         if isinstance(value, (torch.SymFloat, torch.SymBool)):
             if not value.node.has_hint():  # known only at run time
-                return self.place(f"({self.run_time_scalar(a)}).to(tl.float32)", False, "x")
+                return self.place(f"({self.run_time_scalar(a)}).to({self.L.float32})", False, "x")
             kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
             return Value(literal(kind(value)), is_literal=True)  # specializes (and guards) on it
         return self.outside(a, self.idx_of(a, idx))
@@ -437,7 +448,7 @@ class _Printer:
             return code
         if dtype is torch.bfloat16 and interpreting():
             return f"_fx_round_bf16({code})"
-        return f"({code}).to({TRITON_DTYPES[dtype]}).to(tl.float32)"
+        return f"({code}).to({compute_dtype(dtype, self.L, held=True)}).to({self.L.float32})"
 
     def place(self, code: str, varies_n: bool, prefix="t") -> Value:
         """Bind ``code`` to a new name: after the loop in the epilogue, else inside the loop
@@ -451,12 +462,12 @@ class _Printer:
         if not isinstance(node.meta.get("val"), torch.Tensor):
             raise Unprintable(f"{node.name} has no tensor value")
         dtype = node.meta["val"].dtype
-        cd = compute_dtype(dtype)
+        cd = compute_dtype(dtype, self.L)
         ptr, offset = self.input_address(node, idx)
         used = " ".join(e for e in idx if e)
         masks = [m for v, m in ((ROW, f"({ROW} < M)"), (COL, "col_ok"), (DVC, f"({DVC} < DV)")) if v in used]
         mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
-        code = f"tl.load({ptr} + {offset}{mask})"
+        code = f"{self.L.load}({ptr} + {offset}{mask})"
         if self.in_epilogue and self.prefetch_epilogue:
             # an input the epilogue reads (a gate): issued before the loop, so that its latency
             # hides behind the loop's work; converted after it (its storage dtype held across)
@@ -470,13 +481,13 @@ class _Printer:
         float tensor (Dynamo passes a float that changes between calls so), a literal, or Python
         arithmetic on them (SCALAR_OPS). Its user, a tensor op, reads it in fp32, its op math."""
         if isinstance(node, (int, float)) and not isinstance(node, bool):
-            return f"tl.full((), {literal(float(node))}, tl.float64)"
+            return f"{self.L.full}((), {literal(float(node))}, {self.L.float64})"
         if not isinstance(node, fx.Node):
             raise Unprintable(f"scalar {node!r}")
         source = _scalar_source(node)
         if source is not None:
             ptr, offset = self.input_address(source, ())
-            return self.place(f"tl.load({ptr} + {offset}).to(tl.float64)", False, "x").code
+            return self.place(f"{self.L.load}({ptr} + {offset}).to({self.L.float64})", False, "x").code
         form = SCALAR_OPS.get(node.target) if node.op == "call_function" and not node.kwargs else None
         if form is None:
             raise Unprintable(f"{node.name} is a {type(node.meta.get('val')).__name__} known only at run time; "
@@ -491,7 +502,7 @@ class _Printer:
             self.param(ptr, ("ptr", i))
             for axis in range(node.meta["val"].dim()):
                 self.param(f"in{i}_s{axis}", ("stride", i, axis))
-        terms = [f"({e}).to(tl.int64) * in{i}_s{axis}" if e.startswith("fb") else f"({e}) * in{i}_s{axis}"
+        terms = [f"({e}).to({self.L.int64}) * in{i}_s{axis}" if e.startswith("fb") else f"({e}) * in{i}_s{axis}"
                  for axis, e in enumerate(idx) if e is not None]
         return ptr, " + ".join(terms) if terms else "0"
 
@@ -508,7 +519,7 @@ class _Printer:
             for a in range(node.meta["val"].dim()):
                 self.param(f"sum{j}_s{a}", ("summary_stride", j, a))
         j = self.summaries.index(key)
-        terms = [f"({tiles if a == axis else e}).to(tl.int64) * sum{j}_s{a}"
+        terms = [f"({tiles if a == axis else e}).to({self.L.int64}) * sum{j}_s{a}"
                  for a, e in enumerate(idx) if e is not None]
         return f"sum{j}_lo", f"sum{j}_hi", " + ".join(terms)
 
@@ -527,7 +538,7 @@ class _Printer:
             bound = self.arange_bound(start, step, pos, dtype)
             if bound is not None:
                 return self.bounded(code, COL in pos, bound)
-            return self.place(f"{code}.to({compute_dtype(dtype)})", COL in pos)
+            return self.place(f"{code}.to({compute_dtype(dtype, self.L)})", COL in pos)
         if p in CONSTANT_FILLS:
             value = constant_value(node)
             if dtype is not None and not dtype.is_floating_point and dtype is not torch.bool:
@@ -545,7 +556,7 @@ class _Printer:
             if dtype is torch.bool:  # a boolean mask stays boolean: tl.where reads it as its condition
                 code = f"({kept})" if x.code == "1" else f"({kept}) & ({x.code} != 0)"
             else:
-                code = f"tl.where({kept}, {x.code}, 0)"
+                code = f"{self.L.where}({kept}, {x.code}, 0)"
             return self.place(code, x.varies_n or COL in f"{row} {col}")
         if p in PRINTERS:
             args = [self.arg(a, idx) for a in node.args]
@@ -619,21 +630,21 @@ class _Printer:
         if narrowed:
             bound = self.narrow_bound(node, p, args, dtype)
             if bound is not None:
-                code = PRINTERS[p]([a.code for a in args], node)
+                code = PRINTERS[p]([a.code for a in args], node, self.L)
                 if all(a.is_literal for a in args):
                     return Value(code, is_literal=True, bound=bound)
                 return self.bounded(code, varies, bound)
             if dtype is not None and not dtype.is_floating_point and p not in COMPARISONS:
                 # widen int32-held index values back to int64 before an integer op that may
                 # overflow (comparisons and conversions to float see the same exact value)
-                args = [dataclasses.replace(a, code=f"({a.code}).to(tl.int64)")
+                args = [dataclasses.replace(a, code=f"({a.code}).to({self.L.int64})")
                         if a.bound is not None and not a.is_literal else a for a in args]
-        code = PRINTERS[p]([a.code for a in args], node)
+        code = PRINTERS[p]([a.code for a in args], node, self.L)
         if dtype is not None and not all(a.is_literal for a in args):
-            code = self.held(f"({code}).to({compute_dtype(dtype)})", node)
+            code = self.held(f"({code}).to({compute_dtype(dtype, self.L)})", node)
         value = self.place(code, varies)
         folds = self.options.fold_scale and dtype is not None and dtype.is_floating_point
-        scaled = _positive_scale(p, node, args, self.options.fold_scale_add) if folds else None
+        scaled = _positive_scale(p, node, args, self.options.fold_scale_add, self.L) if folds else None
         if scaled is not None:
             base, c = scaled
             if not re.fullmatch(r"\w+", base):
@@ -647,7 +658,7 @@ class _Printer:
     def bounded(self, code: str, varies_n: bool, bound: tuple) -> Value:
         """An int64 index value printed in int32; its bound joins the launch-time check."""
         self.index_bound = _max_bounds(self.index_bound, bound)
-        value = self.place(f"({code}).to(tl.int32)", varies_n)
+        value = self.place(f"({code}).to({self.L.int32})", varies_n)
         return dataclasses.replace(value, bound=bound)
 
     def arange_bound(self, start, step, pos: str, dtype) -> tuple | None:
@@ -693,18 +704,19 @@ class _Printer:
         return fb
 
     def build(self, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
+        L = self.L
         r = self.r
         fb = self.begin(kinds)
-        self.pre += ["pid = tl.program_id(0)", *self.tile_of("pid"), "rest = lin"]
+        self.pre += [f"pid = {L.program_id}(0)", *self.tile_of("pid"), "rest = lin"]
         # the parts of one row tile run side by side, sharing its K/V tiles in L2
         dv_start = f"dvb * {self.dv_width} + " if self.dv_split > 1 else ""  # this program's first Dv column
         for i in reversed(range(fb)):
             self.pre += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
         self.pre += [
-            "offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)",
+            f"offs_m = mt * BLOCK_M + {self.arange('BLOCK_M')}",
             f"{ROW} = offs_m[:, None]",
-            "offs_d = tl.arange(0, DP)",
-            f"offs_dv = {dv_start}tl.arange(0, {self.dv_width})",
+            f"offs_d = {self.arange('DP')}",
+            f"offs_dv = {dv_start}{self.arange(self.dv_width)}",
             f"{DVC} = offs_dv[None, :]",
         ]
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
@@ -716,15 +728,15 @@ class _Printer:
         # V's padded Dv columns re-read its last column instead of being masked: on an H100 (Triton
         # 3.6) a 16-bit V tile masked along Dv fed to tl.dot at 64-wide tiles gave wrong rows and
         # illegal addresses (benchmarks/NOTES.md, 2026-11-26); the padded output columns are never stored
-        v_cols = "offs_dv[None, :]" if r.Dv == _pow2(r.Dv) else "tl.minimum(offs_dv, DV - 1)[None, :]"
+        v_cols = "offs_dv[None, :]" if r.Dv == _pow2(r.Dv) else f"{L.minimum}(offs_dv, DV - 1)[None, :]"
         (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", v_cols, "row_ok", None)
         reductions = {red.node: red for red in r.reductions}
         for st, q_ptr, k_ptr in zip(self.streams, q_ptrs, k_ptrs):
             self.enter_stream(st)
             x = self.sfx()
-            self.pre.append(f"q{x} = tl.load({q_ptr}, mask={q_mask}, other=0.0)")
+            self.pre.append(f"q{x} = {L.load}({q_ptr}, mask={q_mask}, other=0.0)")
             self.pre += _scaled("q" + x, r.q)
-            self.loop.append(f"k{x} = tl.load({k_ptr}, mask={k_mask}, other=0.0)")
+            self.loop.append(f"k{x} = {L.load}({k_ptr}, mask={k_mask}, other=0.0)")
             self.loop += _scaled("k" + x, r.k)
             self.loop.append(f"s{x} = {_dot(f'q{x}', f'k{x}', r.q.node.meta['val'].dtype)}")
             self.vars[r.frame] = Value(f"s{x}", True) if not self.two_pass else self.place(
@@ -734,7 +746,7 @@ class _Printer:
             # accumulator state: one online value per reduction and stream
             for red in r.reductions:
                 combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
-                self.pre.append(f"acc_{self.label(red.node)}{x} = tl.full([BLOCK_M, 1], {init}, tl.float32)")
+                self.pre.append(f"acc_{self.label(red.node)}{x} = {L.full}([BLOCK_M, 1], {init}, {L.float32})")
             for node in r.dag:
                 if node not in r.combined:
                     self.dag_node(node, reductions)
@@ -746,12 +758,12 @@ class _Printer:
         # accumulated into
         terms = r.terms
         v_dtype = r.v.node.meta["val"].dtype
-        v_lines = [f"v = tl.load({v_ptrs}, mask={v_mask}, other=0.0)", *_scaled("v", r.v)]
+        v_lines = [f"v = {L.load}({v_ptrs}, mask={v_mask}, other=0.0)", *_scaled("v", r.v)]
         values = [self.term_value(node, form) for _, node, form in terms]
         self.term_factors = [(p.code, 1.0) if self.two_pass else deferred_constant(p, v_dtype) for p in values]
         self.checks_output = self.flags_rows and not self.bounded_accumulation()
         for t, (_, node, form) in enumerate(terms):
-            self.pre.append(f"acc{t} = tl.zeros([BLOCK_M, {self.dv_width}], tl.float32)")
+            self.pre.append(f"acc{t} = {L.zeros}([BLOCK_M, {self.dv_width}], {L.float32})")
         if not self.two_pass:
             self.loop += v_lines
             self.loop += self.accumulate(terms, [code for code, _ in self.term_factors], v_dtype, rescale=True)
@@ -816,7 +828,7 @@ class _Printer:
         term's running maximum where ``rescale``."""
         lines = []
         for t, ((_, _, form), tile) in enumerate(zip(terms, tiles)):
-            p_tile = f"tl.where(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
+            p_tile = f"{self.L.where}(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
             if rescale and form.scale is not None:
                 lines.append(f"acc{t} = acc{t} * alpha_{self.label(form.scale)}{self.sfx(form.stream)}")
             lines.append(f"acc{t} = {_dot(p_tile, 'v', v_dtype, f'acc{t}')}")
@@ -834,7 +846,7 @@ class _Printer:
     def tile_of(self, pid: str, x: str = "") -> list[str]:
         """Lines that map the program id ``pid`` (a scalar, or a vector of them) to its part of the
         Dv columns ``dvb{x}``, its row tile ``mt{x}`` and its flat batch index ``lin{x}``."""
-        lines = ["n_mt = tl.cdiv(M, BLOCK_M)"]
+        lines = [f"n_mt = {self.L.cdiv}(M, BLOCK_M)"]
         if self.dv_split > 1:
             lines += [f"dvb{x} = {pid} % {self.dv_split}", f"tile{x} = {pid} // {self.dv_split}"]
             pid = f"tile{x}"
@@ -850,14 +862,14 @@ class _Printer:
     def partner_scores(self, j: int, partner) -> None:
         """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
         pad = partner.d != _pow2(partner.d)
-        self.pre.append(f"offs_dx{j} = tl.arange(0, DXP{j})")
+        self.pre.append(f"offs_dx{j} = {self.arange(f'DXP{j}')}")
         (q_ptr,), q_mask = self.operand(f"qx{j}", partner.q, ROW, f"offs_dx{j}[None, :]", f"{ROW} < M",
                                         f"offs_dx{j}[None, :] < DX{j}" if pad else None)
         (k_ptr,), k_mask = self.operand(f"kx{j}", partner.k, f"offs_dx{j}[:, None]", COL,
                                         f"offs_dx{j}[:, None] < DX{j}" if pad else None, "col_ok")
-        self.pre.append(f"qx{j} = tl.load({q_ptr}, mask={q_mask}, other=0.0)")
+        self.pre.append(f"qx{j} = {self.L.load}({q_ptr}, mask={q_mask}, other=0.0)")
         self.pre += _scaled(f"qx{j}", partner.q)
-        self.loop.append(f"kx{j} = tl.load({k_ptr}, mask={k_mask}, other=0.0)")
+        self.loop.append(f"kx{j} = {self.L.load}({k_ptr}, mask={k_mask}, other=0.0)")
         self.loop += _scaled(f"kx{j}", partner.k)
         self.loop.append(f"sx{j} = {_dot(f'qx{j}', f'kx{j}', partner.q.node.meta['val'].dtype)}")
         self.vars[partner.view] = Value(f"sx{j}", True)
@@ -920,12 +932,13 @@ class _Printer:
         self.updates.update(range(start, len(self.loop)))
 
     def reduce_lines(self, red) -> None:
+        L = self.L
         name = f"{self.label(red.node)}{self.sfx()}"
         x = self.vars[red.source]
         acc = f"acc_{name}"
         if red.combine in ("max", "min"):
             fill = "float('-inf')" if red.combine == "max" else "float('inf')"
-            pick = "tl.maximum" if red.combine == "max" else "tl.minimum"
+            pick = f"{L.maximum}" if red.combine == "max" else f"{L.minimum}"
             # the maximum is taken over the value its exponent reads: the folded ``base`` where the
             # exponent is the multiply-add on it, else the score itself (then ``x − m ≤ 0`` exactly)
             hom = self.r.rescales.get(red.node)
@@ -936,13 +949,13 @@ class _Printer:
             if log2:
                 c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
-            tile = f"tl.{red.combine}(tl.where(col_ok, {base}, {fill}), 1, keep_dims=True)"
+            tile = f"{getattr(self.L, red.combine)}({L.where}(col_ok, {base}, {fill}), 1, keep_dims=True)"
             if red.combine == "max" and hom is not None and self.flags_rows:
                 # the rows that saw a score above -inf (the scaled maximum, in exp2 units, may
                 # overflow to -inf where the scores are finite): saturated_rows leaves the others
                 # to the kernel
                 seen = f"seen_{name}"
-                self.pre.append(f"{seen} = tl.full([BLOCK_M, 1], 0, tl.int1)")
+                self.pre.append(f"{seen} = {L.full}([BLOCK_M, 1], 0, {L.int1})")
                 self.loop += [f"raw_{name} = {tile}", f"{seen} = {seen} | (raw_{name} != float('-inf'))"]
                 tile = f"raw_{name}"
                 if self.sixteen_bit:
@@ -950,7 +963,7 @@ class _Printer:
                 if not _neg_inf_guarded(red.node):
                     self.seen.append(seen)
             self.loop.append(f"tile_{name} = {tile}{factor}")
-            self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan=tl.PropagateNan.ALL)")
+            self.loop.append(f"new_{name} = {pick}({acc}, tile_{name}, propagate_nan={L.PropagateNan}.ALL)")
             if red.combine == "max":
                 hom = self.r.rescales.get(red.node, HOMOMORPHISMS[aten.exp])  # exp: nothing reads alpha
                 rescale = hom.rescale_log2 if log2 else hom.rescale
@@ -958,7 +971,7 @@ class _Printer:
                 self.loop.append(f"alpha_{name} = {rescale.format(old=acc, new=f'mu_{name}')}")
             self.vars[red.node] = Value(f"(new_{name} * {LN2!r})" if log2 else f"new_{name}", True)
             return
-        tile = f"tl.sum(tl.where(col_ok, {x.code}, 0.0), 1, keep_dims=True)"
+        tile = f"{L.sum}({L.where}(col_ok, {x.code}, 0.0), 1, keep_dims=True)"
         if red.scale is not None:
             self.loop.append(f"{acc} = {acc} * alpha_{self.label(red.scale)}{self.sfx()} + {tile}")
         else:
@@ -969,6 +982,7 @@ class _Printer:
         """After the loop: finish the row values (reductions with their deferred factors, then
         the row ops, in graph order; per stream, then in the output frame), apply each term's
         factors and store ``Σ ± acc_t``."""
+        L = self.L
         r = self.r
         self.in_epilogue = True
         reductions = {red.node: red for red in r.reductions}
@@ -985,7 +999,7 @@ class _Printer:
                         if self.max_in_log2(red.node):
                             self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units
                         self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
-                        self.post.append(f"mu_{m} = tl.where(nanrow_{m}, 0.0, acc_{m})")
+                        self.post.append(f"mu_{m} = {L.where}(nanrow_{m}, 0.0, acc_{m})")
             rows = [n for n in r.epilogue if (n in r.combined) == (st is None and r.split is not None)]
             if st is not None or r.split is None:
                 rows += list(reductions)
@@ -1007,11 +1021,11 @@ class _Printer:
             # marked instead (m = +inf): its x is rounded as eager holds it, the backward's is not,
             # so the backward computes their statistics again from its own (STATISTICS_REPAIRED)
             m, l = self.statistics
-            rows += ["tl.full([BLOCK_M, 1], float('inf'), tl.float32)" if self.two_pass else self.vars[m].code,
+            rows += [f"{L.full}([BLOCK_M, 1], float('inf'), {L.float32})" if self.two_pass else self.vars[m].code,
                      f"(1.0 / {self.vars[l].code})"]
         for i, code in enumerate(rows):
             ptr = self.param(f"side{i}_ptr", ("side", i))
-            self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, "
+            self.post.append(f"{L.store}({ptr} + lin.to({L.int64}) * M + {ROW}, "
                              f"{code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
         self.out_at = len(self.post)
         finished = [f"acc{t}" if self.two_pass else self.finish(f"acc{t}", form.scale, form.factors, form.stream)
@@ -1022,13 +1036,13 @@ class _Printer:
         if r.output_ops and self.statistics is not None:
             # the training forward: O = P·V before the ops after it, for their backward (autograd's)
             ptr = self.param(f"side{len(rows)}_ptr", ("side", len(rows)))
-            self.post.append(f"tl.store({ptr} + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
+            self.post.append(f"{L.store}({ptr} + lin.to({L.int64}) * M * DV + {ROW} * DV + offs_dv[None, :], "
                              f"out.to({ptr}.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))")
         if r.output_ops:
             self.store_through_output_ops()
             return
         self.post.append(
-            f"tl.store(out_ptr + lin.to(tl.int64) * M * DV + {ROW} * DV + offs_dv[None, :], "
+            f"{L.store}(out_ptr + lin.to({L.int64}) * M * DV + {ROW} * DV + offs_dv[None, :], "
             f"out.to(out_ptr.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))"
         )
 
@@ -1045,6 +1059,7 @@ class _Printer:
         """Apply the output ops to the tile ``out`` (indexed ``[*fb, rm, dvc]``), following
         transposes as a permutation of those index names, and store the result at the output
         tensor's own strides."""
+        L = self.L
         r = self.r
         names = [f"fb{i}" for i in range(len(self.frame_shape) - 2)] + [ROW, DVC]
         self.vars[r.output_ops[0].args[0]] = Value("out", True)
@@ -1063,14 +1078,14 @@ class _Printer:
                 self.vars[op] = self.reduce_output(op, names)
                 continue
             self.vars[op] = self.apply(op, [self.arg(a, tuple(names)) for a in op.args])
-        offset = " + ".join(
-            f"{name}{'.to(tl.int64)' if name.startswith('fb') or name == ROW else ''} * out_s{axis}"
-            for axis, name in enumerate(names))
+        wide = f".to({L.int64})"
+        offset = " + ".join(f"{name}{wide if name.startswith('fb') or name == ROW else ''} * out_s{axis}"
+                            for axis, name in enumerate(names))
         for axis in range(len(names)):
             self.param(f"out_s{axis}", ("out_stride", axis))
         self.output_index = tuple(names)  # the stored tile's axes as index names, and its value:
         self.output_value = self.vars[r.output].code  # what gluon's TMA store writes
-        self.post.append(f"tl.store(out_ptr + {offset}, {self.vars[r.output].code}.to(out_ptr.dtype.element_ty), "
+        self.post.append(f"{L.store}(out_ptr + {offset}, {self.vars[r.output].code}.to(out_ptr.dtype.element_ty), "
                          f"mask=({ROW} < M) & ({DVC} < DV))")
 
     def reduce_output(self, op: fx.Node, names: list) -> Value:
@@ -1082,7 +1097,7 @@ class _Printer:
         p = packet(op.target)
         fill = "float('-inf')" if p is aten.amax else "0.0"
         combine = "max" if p is aten.amax else "sum"
-        code = f"tl.{combine}(tl.where({DVC} < DV, {x}, {fill}), 1, keep_dims=True)"
+        code = f"{getattr(self.L, combine)}({self.L.where}({DVC} < DV, {x}, {fill}), 1, keep_dims=True)"
         if p is aten.mean:
             code = f"{code} / DV"
         return self.place(code, False, "red")
@@ -1097,7 +1112,7 @@ class _Printer:
         out = acc
         nan_from_factor = any(f.op == "shift" or (f.op == "div" and reciprocal.get(f.row) is scale) for f in factors)
         if scale is not None and not nan_from_factor:
-            out = f"tl.where(nanrow_{self.label(scale)}{x}, float('nan'), {out})"
+            out = f"{self.L.where}(nanrow_{self.label(scale)}{x}, float('nan'), {out})"
         for f in factors:
             row = vars_[f.row].code if f.row in vars_ else self.arg(f.row, self.node_idx(f.row)).code
             if f.op == "shift":
@@ -1128,27 +1143,28 @@ class _Printer:
         tile mask is proved to keep every score (visited without evaluating the masks). Tiles
         inside ``[lo_t, hi_t)`` that a mask empties are still visited, masked: sound for any
         mask. ``f_lo == f_hi`` when the full tiles are not one contiguous run."""
+        L = self.L
         tests = self.tile_tests()
         if tests is None:
-            return ["lo_t = 0", "hi_t = tl.cdiv(N, BLOCK_N)"]
+            return ["lo_t = 0", f"hi_t = {L.cdiv}(N, BLOCK_N)"]
         (row_part, key_part), empty, full = tests
         self.full_proved = full is not None
-        out = ["m_lo = mt * BLOCK_M", "m_hi = tl.minimum(m_lo + BLOCK_M, M) - 1", *row_part,
-               "n_tiles = tl.cdiv(N, BLOCK_N).to(tl.int32)", "lo_t = n_tiles", "hi_t = n_tiles * 0",
+        out = ["m_lo = mt * BLOCK_M", f"m_hi = {L.minimum}(m_lo + BLOCK_M, M) - 1", *row_part,
+               f"n_tiles = {L.cdiv}(N, BLOCK_N).to({L.int32})", "lo_t = n_tiles", "hi_t = n_tiles * 0",
                *(FULL_RUN_INIT if self.full_proved else []),
                f"for c0 in range(0, n_tiles, {self.scan}):",
-               f"    {KEY_TILES} = c0 + tl.arange(0, {self.scan})",
-               f"    n_lo = {KEY_TILES} * BLOCK_N", "    n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"]
+               f"    {KEY_TILES} = c0 + {self.arange(self.scan)}",
+               f"    n_lo = {KEY_TILES} * BLOCK_N", f"    n_hi = {L.minimum}(n_lo + BLOCK_N, N) - 1"]
         out += ["    " + line for line in key_part]
         t = KEY_TILES
         out += [f"    live = ({t} < n_tiles) & ~({empty})",
-                f"    lo_t = tl.minimum(lo_t, tl.min(tl.where(live, {t}, n_tiles), 0))",
-                f"    hi_t = tl.maximum(hi_t, tl.max(tl.where(live, {t} + 1, 0), 0))"]
+                f"    lo_t = {L.minimum}(lo_t, {L.min}({L.where}(live, {t}, n_tiles), 0))",
+                f"    hi_t = {L.maximum}(hi_t, {L.max}({L.where}(live, {t} + 1, 0), 0))"]
         if self.full_proved:
-            out += ["    " + line for line in full_run_chunk(t, "N // BLOCK_N", full)]
-        out.append("hi_t = tl.maximum(hi_t, lo_t)")
+            out += ["    " + line for line in full_run_chunk(t, "N // BLOCK_N", full, self.L)]
+        out.append(f"hi_t = {L.maximum}(hi_t, lo_t)")
         if self.full_proved:
-            out += FULL_RUN_FINISH
+            out += full_run_finish(self.L)
         return out
 
     def tile_tests(self):
@@ -1209,7 +1225,7 @@ class _Printer:
         for line in self.loop:
             name = line.split(" = ", 1)[0]
             if name in conds:
-                line = f"{name} = tl.full([1, 1], {0 if conds[name] else 1}, tl.int1)"
+                line = f"{name} = {self.constant_mask(0 if conds[name] else 1)}"
                 replaced.add(name)
             body.append(line)
         return body if replaced == set(conds) else None
@@ -1223,6 +1239,7 @@ class _Printer:
         ``D · max|q| · max|k|`` (the whole K's largest magnitude, a scalar the launch computes),
         with 1/64 of slack for the roundings between the contraction and the mask. The lines
         that compute them go right after the output's, which they may replace (``uniform_mask``)."""
+        L = self.L
         finite = [m for m in self.r.tile_masks if m.threshold is not None]
         additive = [m for m in self.r.tile_masks if m.addend is not None]
         if not finite and not additive:
@@ -1238,20 +1255,20 @@ class _Printer:
                          "* 1.015625")
         for j, m in enumerate(additive):
             lines.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
-                         f"+ tl.zeros([BLOCK_M, 1], tl.float32)")  # per row, as the other checks
-            checks.append(f"~(fill_bound{j} + tl.abs(fill_bound{j}) * 0.015625 + 1.0 < {m.addend_below!r})")
+                         f"+ {L.zeros}([BLOCK_M, 1], {L.float32})")  # per row, as the other checks
+            checks.append(f"~(fill_bound{j} + {L.abs}(fill_bound{j}) * 0.015625 + 1.0 < {m.addend_below!r})")
         if uniform is not None:
             # every score of a row every key masks is F: its output is the plain average of V
             lines += [f"live_bound = {uniform.scores.dot!r} * dot_bound + {uniform.scores.const!r} "
-                      "+ tl.zeros([BLOCK_M, 1], tl.float32)",
+                      f"+ {L.zeros}([BLOCK_M, 1], {L.float32})",
                       f"uniform = ({unresolved}) & (live_bound * 1.015625 + 1.0 < {uniform.exact_below!r})",
-                      f"v_mean = tl.load({self.summary_param(self.r.v.node, 'colsum')} + lin.to(tl.int64) * DV "
+                      f"v_mean = {L.load}({self.summary_param(self.r.v.node, 'colsum')} + lin.to({L.int64}) * DV "
                       "+ offs_dv[None, :], mask=offs_dv[None, :] < DV, other=0.0) / N",
-                      "out = tl.where(uniform, v_mean, out)"]
+                      f"out = {L.where}(uniform, v_mean, out)"]
             if self.statistics:   # such a row visited no tile: its statistics are marked, as repaired rows'
                 m_ptr = f"side{len(self.r.side_outputs)}_ptr"
-                lines.append(f"tl.store({m_ptr} + lin.to(tl.int64) * M + {ROW}, "
-                             f"tl.full([BLOCK_M, 1], float('inf'), tl.float32), mask=({ROW} < M) & uniform)")
+                lines.append(f"{L.store}({m_ptr} + lin.to({L.int64}) * M + {ROW}, "
+                             f"{L.full}([BLOCK_M, 1], float('inf'), {L.float32}), mask=({ROW} < M) & uniform)")
             self.uniform = True
         if finite:
             checks.append(f"({unresolved}) & ~uniform" if uniform is not None else unresolved)
@@ -1275,10 +1292,11 @@ class _Printer:
     def operand_max(self, label: str) -> str:
         """The largest magnitude of the Q tile (this program's rows) or of the whole K (a scalar
         the launch computes), as the score contraction reads them (_scaled)."""
+        L = self.L
         if label == "q":
-            return functools.reduce(lambda a, b: f"tl.maximum({a}, {b})",
-                                    [f"tl.max(tl.abs(q{self.sfx(st)}.to(tl.float32)))" for st in self.streams])
-        code = f"tl.load({self.summary_param(self.r.k.node, 'absmax')}).to(tl.float32)"
+            return functools.reduce(lambda a, b: f"{L.maximum}({a}, {b})",
+                                    [f"{L.max}({L.abs}(q{self.sfx(st)}.to({L.float32})))" for st in self.streams])
+        code = f"{L.load}({self.summary_param(self.r.k.node, 'absmax')}).to({L.float32})"
         for op, c in self.r.k.scale:
             code += f" * {abs(float(c)) if op == 'mul' else 1.0 / abs(float(c))!r}"
         return code
@@ -1306,19 +1324,20 @@ class _Printer:
         checked row value reaches its bound, or (``checks_output``) its output is inf or NaN,
         which an accumulation of unnormalized terms can reach where eager's normalized one does
         not. Rows past ``M`` are left out."""
+        L = self.L
         bound = SATURATION_LOG2.get(self.r.q.math_dtype)  # 16-bit inputs: their maxima flagged
         kept = " & ~uniform" if self.uniform else ""  # those rows are exact (uniform_mask)
-        bad = [f"~(tl.abs({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
+        bad = [f"~({L.abs}({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
                + (f" & {seen}" if guarded else "") + kept for acc, log2, guarded, seen in self.saturable]
         if self.checks_output:
-            bad.append("(tl.max((~(tl.abs(out) < float('inf'))).to(tl.int32), 1, keep_dims=True) > 0)")
+            bad.append(f"({L.max}((~({L.abs}(out) < float('inf'))).to({L.int32}), 1, keep_dims=True) > 0)")
         if bad and self.seen:
             # a row that saw only -inf scores is NaN throughout in eager (exp(-inf − (-inf))): where
             # the kernel's is NaN throughout too (the softmax's 0/0), the repair kernel would
             # compute the same again
             unseen = " | ".join(f"~{seen}" for seen in self.seen)
-            bad = [f"{b} & ~(({unseen}) & (tl.min((out != out).to(tl.int32), 1, keep_dims=True) > 0))" for b in bad]
-        bad += [f"~(tl.abs({value}) < {bound!r})" for value, bound in self.checks]
+            bad = [f"{b} & ~(({unseen}) & ({L.min}((out != out).to({L.int32}), 1, keep_dims=True) > 0))" for b in bad]
+        bad += [f"~({L.abs}({value}) < {bound!r})" for value, bound in self.checks]
         bad += self.fill_checks
         lines = [f"saturated = {ROW} < 0"]
         lines += [f"saturated = saturated | (({ROW} < M) & {b})" for b in bad]
@@ -1328,10 +1347,11 @@ class _Printer:
         """The kernel's body, unindented. The loop over N is printed twice: over the full key
         tiles, where ``col_ok`` is a constant true the compiler folds away (no bound checks, no
         masking of the reductions), then over the one partial tile, if any, with the checks."""
+        L = self.L
         tile_range = self.tile_range()  # may add parameters: tensors summarized per tile
         if self.skips_tiles and self.flags_rows:
             self.fill_checks = self.finite_fill_checks()
-        body = [*self.pre, *tile_range, "n_split = tl.minimum(hi_t, N // BLOCK_N)"]
+        body = [*self.pre, *tile_range, f"n_split = {L.minimum}(hi_t, N // BLOCK_N)"]
         full_loop = self.full_tile_loop() if self.full_proved and not self.two_pass else None
         body += self.key_loops(self.loop, full_loop)
         if self.two_pass:  # the row values finished, then P·V of the finished P
@@ -1344,26 +1364,27 @@ class _Printer:
             body += self.post
         if self.flags:  # flagged for the repair kernel (one int8 per row; streams share it)
             body += [*self.saturated_rows(),
-                     f"tl.store(sat_ptr + lin.to(tl.int64) * M + {ROW}, saturated.to(tl.int8), mask={ROW} < M)"]
+                     f"{L.store}(sat_ptr + lin.to({L.int64}) * M + {ROW}, saturated.to({L.int8}), mask={ROW} < M)"]
         return body
 
     def key_loops(self, loop: list, full_loop: list | None) -> list[str]:
         """The loops over N that run ``loop``: over the whole key tiles, where ``col_ok`` is a
         constant true, with ``full_loop`` (the masks folded) over the full ones where given, then
         over the one partial tile, if any, with the checks."""
-        whole = ("tl.full([1, BLOCK_N], 1, tl.int1)", "tl.full([BLOCK_N, 1], 1, tl.int1)")
+        L = self.L
+        whole = (f"{L.full}([1, BLOCK_N], 1, {L.int1})", f"{L.full}([BLOCK_N, 1], 1, {L.int1})")
         if full_loop is None:   # whole key tiles, then the partial one
             loops = [("lo_t", "n_split", *whole, loop)]
         else:                   # masked, full (masks folded), masked, then the partial one
             loops = [("lo_t", "f_lo", *whole, loop), ("f_lo", "f_hi", *whole, full_loop),
                      ("f_hi", "n_split", *whole, loop)]
-        loops.append(("n_split" if not self.skips_tiles else "tl.maximum(lo_t, n_split)", "hi_t", "cn < N",
+        loops.append(("n_split" if not self.skips_tiles else f"{L.maximum}(lo_t, n_split)", "hi_t", "cn < N",
                       "offs_n[:, None] < N", loop))
         body = []
         for start, stop, col_ok, row_ok, lines in loops:
             body.append(f"for start_n in range(({start}) * BLOCK_N, ({stop}) * BLOCK_N, BLOCK_N):")
             body += ["    " + line for line in (
-                "offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
+                f"offs_n = start_n + {self.arange('BLOCK_N')}", f"{COL} = offs_n[None, :]",
                 f"col_ok = {col_ok}", f"row_ok = {row_ok}")]
             body += ["    " + line for line in lines]
         return body
@@ -1371,9 +1392,10 @@ class _Printer:
     def function(self, lead: tuple = ("out_ptr",), body: list | None = None, tail: tuple = ()) -> list[str]:
         """The ``@triton.jit`` function's lines: parameters ``lead``, the run-time ones, the
         constexprs, ``tail``; its body (this printer's by default)."""
-        params = ", ".join([*lead, *self.params, "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-                            "D: tl.constexpr", "DP: tl.constexpr", "DV: tl.constexpr", "DVP: tl.constexpr",
-                            *(f"DX{j}: tl.constexpr, DXP{j}: tl.constexpr" for j in range(len(self.r.partners))),
+        L = self.L
+        params = ", ".join([*lead, *self.params, f"BLOCK_M: {L.constexpr}", f"BLOCK_N: {L.constexpr}",
+                            f"D: {L.constexpr}", f"DP: {L.constexpr}", f"DV: {L.constexpr}", f"DVP: {L.constexpr}",
+                            *(f"DX{j}: {L.constexpr}, DXP{j}: {L.constexpr}" for j in range(len(self.r.partners))),
                             *tail])
         return ["@triton.jit", f"def {self.name}({params}):", *("    " + line for line in (body or self.body))]
 
@@ -1381,10 +1403,11 @@ class _Printer:
         """The module source: this printer's kernel (with ``sat_ptr`` after ``out_ptr`` where it flags
         saturated rows), and given ``repair`` (the region printed in eager's own forms,
         EXACT_FORMS), the repair kernel (repair_body)."""
+        L = self.L
         functions = self.function(("out_ptr", "sat_ptr") if self.flags else ("out_ptr",))
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
-                                               ("SAT_STREAMS: tl.constexpr", "REPAIR_SCAN: tl.constexpr"))]
+                                               (f"SAT_STREAMS: {L.constexpr}", f"REPAIR_SCAN: {L.constexpr}"))]
         return module_source(functions)
 
     def repair_body(self) -> list[str]:
@@ -1396,25 +1419,26 @@ class _Printer:
         program walking tile after tile, one dependent load each. Program ``p`` of ``G`` takes the
         tiles ``p, p + G, p + 2G, …``: flagged tiles come in runs (a left-padded sequence's first
         row tiles, in every head), which a program taking consecutive tiles would compute alone."""
-        assert self.body[0] == "pid = tl.program_id(0)", self.body[0]
-        items = " * ".join(["tl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(len(self.frame_shape) - 2)),
+        L = self.L
+        assert self.body[0] == f"pid = {L.program_id}(0)", self.body[0]
+        items = " * ".join([f"{L.cdiv}(M, BLOCK_M)", *(f"FB{i}" for i in range(len(self.frame_shape) - 2)),
                             str(self.dv_split)])
-        scan = "tl.arange(0, REPAIR_SCAN)"
-        rows = f"(mt_v * BLOCK_M)[:, None] + tl.arange(0, BLOCK_M)[None, :]"
+        scan = f"{self.arange('REPAIR_SCAN')}"
+        rows = f"(mt_v * BLOCK_M)[:, None] + {self.arange('BLOCK_M')}[None, :]"
         return [
             f"n_items = {items}",
-            "prog, progs = tl.program_id(0), tl.num_programs(0)",
-            "for first in range(0, tl.cdiv(n_items - prog, progs), REPAIR_SCAN):",
+            f"prog, progs = {L.program_id}(0), {L.num_programs}(0)",
+            f"for first in range(0, {L.cdiv}(n_items - prog, progs), REPAIR_SCAN):",
             *("    " + line for line in [
                 f"items_v = prog + (first + {scan}) * progs", *self.tile_of("items_v", "_v"),
                 f"ok = ({rows} < M) & (items_v < n_items)[:, None]",
-                f"at = (lin_v.to(tl.int64) * M)[:, None] + {rows}",
-                "flagged = tl.zeros([REPAIR_SCAN], tl.int32)",
-                "for stream in tl.static_range(SAT_STREAMS):",
-                "    flagged = tl.maximum(flagged, tl.max(tl.load(sat_ptr + at * SAT_STREAMS + stream, mask=ok, "
-                "other=0).to(tl.int32), 1))",
+                f"at = (lin_v.to({L.int64}) * M)[:, None] + {rows}",
+                f"flagged = {L.zeros}([REPAIR_SCAN], {L.int32})",
+                f"for stream in {L.static_range}(SAT_STREAMS):",
+                f"    flagged = {L.maximum}(flagged, {L.max}({L.load}(sat_ptr + at * SAT_STREAMS + stream, mask=ok, "
+                f"other=0).to({L.int32}), 1))",
                 "for j in range(0, REPAIR_SCAN):",
-                f"    if tl.max(tl.where({scan} == j, flagged, 0)) > 0:",
+                f"    if {L.max}({L.where}({scan} == j, flagged, 0)) > 0:",
                 *("        " + line for line in ["pid = prog + (first + j) * progs", *self.body[1:]])])]
 
 
@@ -1425,17 +1449,19 @@ COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
 # a chunk of tiles at a time (the forward's tile_range, the backward's); empty (at ``lo_t``) when
 # the full tiles are not one contiguous run.
 FULL_RUN_INIT = ["f_lo = n_tiles", "f_hi = n_tiles * 0", "n_full = n_tiles * 0"]
-FULL_RUN_FINISH = ["one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
-                   "f_lo = tl.where(one_run, f_lo, lo_t)", "f_hi = tl.where(one_run, f_hi, lo_t)"]
+def full_run_finish(L: Namespace = TL) -> list[str]:
+    """After the chunks: the run, or none (at ``lo_t``) where the full tiles were not contiguous."""
+    return ["one_run = (n_full > 0) & (n_full == f_hi - f_lo)",
+            f"f_lo = {L.where}(one_run, f_lo, lo_t)", f"f_hi = {L.where}(one_run, f_hi, lo_t)"]
 
 
-def full_run_chunk(t: str, whole: str, full: str) -> list[str]:
+def full_run_chunk(t: str, whole: str, full: str, L: Namespace = TL) -> list[str]:
     """Per chunk of tiles ``t`` (live ones: ``live``): those below ``whole`` (inside the size)
     where ``full`` holds widen the run and are counted."""
     return [f"full = live & ({t} < {whole}) & ({full})",
-            f"f_lo = tl.minimum(f_lo, tl.min(tl.where(full, {t}, n_tiles), 0))",
-            f"f_hi = tl.maximum(f_hi, tl.max(tl.where(full, {t} + 1, 0), 0))",
-            "n_full += tl.sum(full.to(tl.int32), 0)"]
+            f"f_lo = {L.minimum}(f_lo, {L.min}({L.where}(full, {t}, n_tiles), 0))",
+            f"f_hi = {L.maximum}(f_hi, {L.max}({L.where}(full, {t} + 1, 0), 0))",
+            f"n_full += {L.sum}(full.to({L.int32}), 0)"]
 
 
 def module_source(functions: list[str]) -> str:
@@ -1500,7 +1526,7 @@ def _over(x: Value, c: float | None) -> tuple | None:
     return _times(x, 1 / c) if c is not None else None
 
 
-def _masked(node, args) -> tuple | None:
+def _masked(node, args, L: Namespace) -> tuple | None:
     """``where(m, -inf, c·x)`` or ``where(m, c·x, -inf)`` as ``c · where(m, -inf, x)``."""
     cond, a, b = args
     fill = literal(-math.inf)
@@ -1508,7 +1534,7 @@ def _masked(node, args) -> tuple | None:
         if other.code == fill and x.scaled is not None:
             base, c = x.scaled
             pair = (fill, base) if x is b else (base, fill)
-            return f"tl.where({cond.code}, {pair[0]}, {pair[1]})", c
+            return f"{L.where}({cond.code}, {pair[0]}, {pair[1]})", c
     return None
 
 
@@ -1561,23 +1587,23 @@ def _finite_over(code: str, c: float) -> bool:
 
 
 # How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args,
-# past_adds), past_adds being options.fold_scale_add.
+# past_adds, L), past_adds being options.fold_scale_add, L the printer's Namespace.
 SCALE_CARRIERS = {
-    "times": lambda node, a, _: _times(a[0], _positive_literal(a[1])) or _times(a[1], _positive_literal(a[0])),
-    "over": lambda node, a, _: (_over(a[0], _positive_literal(a[1]))
-                                if node.kwargs.get("rounding_mode") is None else None),
-    "same": lambda node, a, _: a[0].scaled,
-    "masked": lambda node, a, _: _masked(node, a),
-    "plus": lambda node, a, past_adds: _plus(node, a, "+", past_adds),
-    "minus": lambda node, a, past_adds: _plus(node, a, "-", past_adds),
+    "times": lambda node, a, _, L: _times(a[0], _positive_literal(a[1])) or _times(a[1], _positive_literal(a[0])),
+    "over": lambda node, a, _, L: (_over(a[0], _positive_literal(a[1]))
+                                   if node.kwargs.get("rounding_mode") is None else None),
+    "same": lambda node, a, _, L: a[0].scaled,
+    "masked": lambda node, a, _, L: _masked(node, a, L),
+    "plus": lambda node, a, past_adds, L: _plus(node, a, "+", past_adds),
+    "minus": lambda node, a, past_adds, L: _plus(node, a, "-", past_adds),
 }
 
 
-def _positive_scale(p, node: fx.Node, args: list, past_adds: bool) -> tuple | None:
+def _positive_scale(p, node: fx.Node, args: list, past_adds: bool, L: Namespace = TL) -> tuple | None:
     """``(base, c)`` with the op's result ``= c · base``, ``c > 0`` a constant, when ``p`` keeps a
     positive scale (rules.POSITIVE_SCALE); ``base`` is source, a name or an expression."""
     how = POSITIVE_SCALE.get(p)
-    return SCALE_CARRIERS[how](node, args, past_adds) if how is not None else None
+    return SCALE_CARRIERS[how](node, args, past_adds, L) if how is not None else None
 
 
 def _literal_bound(value) -> tuple | None:
@@ -1615,11 +1641,11 @@ def _neg_inf_guarded(row_max: fx.Node) -> bool:
     return row_guard(row_max, float("-inf")) is not None
 
 
-def _scaled(name: str, operand) -> list:
+def _scaled(name: str, operand, L: Namespace = TL) -> list:
     """Lines that apply an operand's scalar scale to its loaded tile ``name``: computed in fp32
     and rounded back to the tile's dtype, as eager's ``x * c`` rounds."""
     ops = {"mul": "*", "div": "/"}
-    return [f"{name} = ({name}.to(tl.float32) {ops[op]} {literal(float(c))}).to({name}.dtype)"
+    return [f"{name} = ({name}.to({L.float32}) {ops[op]} {literal(float(c))}).to({name}.dtype)"
             for op, c in operand.scale]
 
 

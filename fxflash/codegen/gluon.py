@@ -13,9 +13,9 @@ same region the ``tl`` emitter prints (emit.py) as a warp-specialized kernel:
   inside each, the next tile's ``S = Q·Kᵀ`` (asynchronous wgmma) is issued before the current
   ``P·V``, and the softmax of one tile runs while the tensor cores work on the other; with
   ping-pong the consumers' matrix products take turns;
-* the region's score DAG is printed op by op into ``_score`` by emit's printer (the ops map
-  one to one onto Gluon's, ``GLUON_NAMES``), index expressions from the tile's row and key
-  indices, tensor inputs loaded at their strides;
+* the region's score DAG is printed op by op into ``_score`` by emit's printer in Gluon's names
+  (``GL``: the printers' ops map one to one onto Gluon's), index expressions from the tile's row
+  and key indices, tensor inputs loaded at their strides;
 * a [rows, keys] tile of a 16-bit score input (a pair bias, an additive mask) comes with each
   K tile by TMA (the same barrier and ring slot; ``GluonPlan.tiles``, options.gluon_tma_tiles),
   each consumer reading its rows back from shared memory instead of loading them per element;
@@ -77,7 +77,6 @@ import dataclasses
 import functools
 import importlib
 import math
-import re
 import typing
 import warnings
 
@@ -92,7 +91,7 @@ from ..tile.backward import statistics_nodes
 from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
                    row_guard)
-from .printers import GPU_HELPERS, Unprintable
+from .printers import GPU_HELPERS, Namespace, Unprintable
 from .printers import HELPERS as TRITON_HELPERS
 
 aten = torch.ops.aten
@@ -421,37 +420,17 @@ def refusal(r: Region) -> str | None:
 
 
 # -- printing ------------------------------------------------------------------------------
-# Functions of the ``tl`` printers and their Gluon spellings; any other ``tl.`` name is refused.
-GLUON_NAMES = {
-    "tl.math.erf(": "gl.erf(",
-    "tl.PropagateNan.ALL": "tl.PropagateNan.ALL",  # an enum Gluon's maximum/minimum take as is
-}
-GLUON_SAME = {"where", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos",
-              "floor", "ceil", "load", "store", "cdiv", "min", "max", "sum", "float32", "float16", "bfloat16", "int1",
-              "int8", "int16", "int32", "int64", "uint8"}
 L1D = "L1D"  # the module's one-dimensional layout (vectors over key tiles or rows)
+# How the Gluon printer names the tile language: the functions Gluon has under Triton's names;
+# erf is Gluon's own; the NaN-propagation enum Gluon's maximum and minimum take is Triton's. Any
+# other name is refused while the kernel is printed (printers.Namespace).
+GL = Namespace("gl", allowed={"where", "maximum", "minimum", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs",
+                              "sin", "cos", "floor", "ceil", "load", "store", "cdiv", "min", "max", "sum", "float32",
+                              "float16", "bfloat16", "int1", "int8", "int16", "int32", "int64", "uint8"},
+               renamed={"erf": "gl.erf", "PropagateNan": "tl.PropagateNan"}, backend="Gluon")
 # The helper functions the printed lines may call: printers.GPU_HELPERS (libdevice's tanh, the
 # special-function unit's sigmoid) in Gluon's spelling — the same calls on gl's tensors.
 HELPERS = {name: src.replace("@triton.jit", "@gluon.jit").replace("tl.", "gl.") for name, src in GPU_HELPERS.items()}
-
-
-def to_gluon(line: str) -> str:
-    """A line printed for ``tl`` in Gluon: names mapped (``GLUON_NAMES``, ``GLUON_SAME``),
-    ``tl.arange`` given the one-dimensional layout. Unprintable for a name Gluon lacks."""
-    for old, new in GLUON_NAMES.items():
-        line = line.replace(old, new.replace("tl.", "TL_KEEP."))
-    line = line.replace("tl.arange(0, BLOCK_M)", f"gl.arange(0, ROWS_P2, layout={L1D})")  # rows past m_hi masked
-    line = re.sub(r"tl\.arange\(0, (\w+)\)", rf"gl.arange(0, \1, layout={L1D})", line)
-    # a mask condition proved constant on full tiles (emit's full_tile_loop), as a score tile
-    line = re.sub(r"tl\.full\(\[1, 1\], ([01]), tl\.int1\)", r"gl.full(s.shape, \1, gl.int1, layout=s.type.layout)", line)
-
-    def name(match):
-        if match.group(1) not in GLUON_SAME:
-            raise Unprintable(f"tl.{match.group(1)} has no Gluon form in fxflash's Gluon kernel")
-        return f"gl.{match.group(1)}"
-
-    line = re.sub(r"\btl\.(\w+)", name, line)
-    return line.replace("TL_KEEP.", "tl.")
 
 
 @dataclasses.dataclass
@@ -514,10 +493,21 @@ class _GluonPrinter(_Printer):
     the epilogue's first [rows, Dv] input in Q's dtype (the Evoformer's gate) from the Q buffer a
     second loader warp filled: their L2 latency then hides behind the loads like K's and V's."""
 
+    L = GL
+
     def __init__(self, region: Region, name: str, options: KernelOptions):
         super().__init__(region, name, options)
         self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset, a key vector?)
         self.gates: list = []  # at most one: (input index, its row axis, row stride's parameter, batch offset)
+
+    def arange(self, size: str) -> str:
+        """In the module's one-dimensional layout; a consumer's rows run to ROWS_P2 (rows past
+        ``m_hi`` are masked)."""
+        return f"gl.arange(0, {'ROWS_P2' if size == 'BLOCK_M' else size}, layout={L1D})"
+
+    def constant_mask(self, value: int) -> str:
+        """As a score tile ``s`` of the score function (emit's full_tile_loop)."""
+        return f"gl.full(s.shape, {value}, gl.int1, layout=s.type.layout)"
 
     @property
     def batch_indices(self) -> tuple:
@@ -529,14 +519,14 @@ class _GluonPrinter(_Printer):
             i, axis = self.tensor_input(node), idx.index(ROW)
             _, batch = self.input_address(node, tuple(e if e not in (ROW, DVC) else None for e in idx))
             self.gates.append((i, axis, f"in{i}_s{axis}", batch))
-            return self.place(f"gate0.to({compute_dtype(node.meta['val'].dtype)})", False, "x")
+            return self.place(f"gate0.to({compute_dtype(node.meta['val'].dtype, GL)})", False, "x")
         if not self.is_tma_tile(node, idx):
             return super().load(node, idx)
         i, vector = self.tensor_input(node), idx[-2] != ROW
         # the batch item's offset (int64): of its row of keys, or of its [rows, keys] block
         _, batch = self.input_address(node, idx[:-1] + (None,) if vector else idx[:-2] + (None, None))
         self.tiles.append((i, f"in{i}_s{len(idx) - 2}", batch, vector))
-        return self.place(f"tile{len(self.tiles) - 1}.to({compute_dtype(node.meta['val'].dtype)})", True, "x")
+        return self.place(f"tile{len(self.tiles) - 1}.to({compute_dtype(node.meta['val'].dtype, GL)})", True, "x")
 
     def is_tma_tile(self, node: fx.Node, idx: tuple) -> bool:
         """Is ``node`` at ``idx`` a [rows, keys] tile TMA can read: not in a two-stream region (whose
@@ -585,7 +575,7 @@ class _GluonPrinter(_Printer):
             return None
         axis = index.index(ROW)
         batch = " + ".join(f"{e}.to(gl.int64) * out_s{a}" for a, e in enumerate(index) if e.startswith("fb")) or "0"
-        return axis, f"out_s{axis}", batch, to_gluon(self.output_value)
+        return axis, f"out_s{axis}", batch, self.output_value
 
 
 def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
@@ -634,7 +624,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     if any(scale != c for _, _, (_, scale) in others):
         raise Unprintable("the streams' scores carry different scales")
     k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
-    store = [to_gluon(line) for line in _output_store(pr)]
+    store = _output_store(pr)
     if statistics:
         if r.side_outputs or len(sm.weights) > 1 or HOMOMORPHISMS[packet(sm.exp.target)].name != "exp":
             raise Unprintable("row statistics beside row values, of softmax streams or of an exp2")
@@ -651,7 +641,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     out_tma = pr.tma_store()
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
-    tile_range = [to_gluon(line) for line in pr.tile_range()]
+    tile_range = pr.tile_range()
     if others and pr.skips_tiles and any(_varies_along(mask.condition, pr.frame_shape, r.split.axis)
                                          for mask in r.tile_masks):
         raise Unprintable("two softmax streams with masks whose key tiles depend on the stream's heads")
@@ -665,10 +655,9 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     # stream 0's, whose values it may share (a mask the printer computed once; the rest is dead code)
     scores.update({f"_score_{j}": (pre + loop + p + lp, b) for j, (p, lp, (b, _)) in enumerate(others, 1)
                    if (p + lp, b) != (pre + loop, base)})
-    scores = {fn: ([to_gluon(line) for line in lines], x) for fn, (lines, x) in scores.items()}
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
-                     [to_gluon(line) for line in _scaled("q_in", r.q)] if q_tile_scale(r) else [], sm.weights,
+                     _scaled("q_in", r.q, GL) if q_tile_scale(r) else [], sm.weights,
                      out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16,
                      saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype], zero_empty_rows=sm.zero_empty_rows,
                      options=options)
@@ -846,7 +835,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     # each TMA-read input's first row and column in its [R, sr] matrix, as Q's
     vectors = {f"tile{j}" for j, (*_, vector) in enumerate(tiles) if vector}  # one row for all the item's rows
     tile_work = [line for t, (sr, batch) in located for line in (
-        f"{t}_off = lin.to(gl.int64) * 0 + {to_gluon(batch)}",
+        f"{t}_off = lin.to(gl.int64) * 0 + {batch}",
         f"{t}_row = ({t}_off // {sr}).to(gl.int32)" + ("" if t in vectors else " + mt * BLOCK_M"),
         f"{t}_col = ({t}_off % {sr}).to(gl.int32)")]
     tile_loads = "".join(f"\n        {api['tma_load']}({t}_desc, [{t}_row, {t}_col + key], k_ready.index(idx), {t}_bufs.index(idx))"

@@ -125,6 +125,7 @@ class IntervalPrinter:
         return (a, b) if step >= 0 else (b, a)
 
     def of(self, node, idx: tuple) -> Interval:
+        L = self.p.L
         if not isinstance(node, fx.Node):
             if isinstance(node, bool):
                 return _bool(*(ip_bool(node),) * 2)
@@ -178,8 +179,8 @@ class IntervalPrinter:
             # numbers: x where kept, 0 elsewhere (torch.triu(torch.ones(L, L), 1))
             kept_all, kept_any = self.bind(must), self.bind(may)
             return Interval(
-                lo=self.bind(f"tl.where({kept_all}, {x.lo}, tl.where({kept_any}, tl.minimum({x.lo}, 0), 0))"),
-                hi=self.bind(f"tl.where({kept_all}, {x.hi}, tl.where({kept_any}, tl.maximum({x.hi}, 0), 0))"),
+                lo=self.bind(f"{L.where}({kept_all}, {x.lo}, {L.where}({kept_any}, {L.minimum}({x.lo}, 0), 0))"),
+                hi=self.bind(f"{L.where}({kept_all}, {x.hi}, {L.where}({kept_any}, {L.maximum}({x.hi}, 0), 0))"),
                 varies=varies)
         rule = RULES.get(p)
         if rule is not None:
@@ -241,6 +242,7 @@ class IntervalPrinter:
         """``[min, max]`` of an integer (or boolean, as 0/1) input over the tile: its exact value
         where it is read at batch indices only (per-batch lengths), the reduction of the query
         tile's values, or the key tiles' summaries."""
+        L = self.p.L
         tile_axes = [(axis, e) for axis, e in enumerate(idx) if e in ("rm", "cn")]
         if len(tile_axes) > 1 or any(e is not None and not e.startswith("fb") and e not in ("rm", "cn")
                                      for e in idx):
@@ -248,24 +250,24 @@ class IntervalPrinter:
         if not tile_axes:  # one value per program
             self._printing(False)
             ptr, offset = self.p.input_address(node, idx)
-            value = self.bind(f"tl.load({ptr} + {offset}).to(tl.int64)")
+            value = self.bind(f"{L.load}({ptr} + {offset}).to({L.int64})")
             return _int(value, value)
         (axis, e), = tile_axes
         big = "9223372036854775807"
         self._printing(e != "rm")  # the key tiles' summaries vary with them, the row tile's values do not
         if e == "rm":   # the one query tile: a vector of its rows
-            offs = self.bind("m_lo + tl.arange(0, BLOCK_M)")
+            offs = self.bind(f"m_lo + {self.p.arange('BLOCK_M')}")
             inside = f"{offs} <= m_hi"
             ptr, offset = self.p.input_address(node, tuple("OFFS" if x == e else x for x in idx))
-            values = self.bind(f"tl.load({ptr} + {offset.replace('OFFS', offs)}, mask={inside}, other=0)"
-                               f".to(tl.int64)")
-            return _int(self.bind(f"tl.min(tl.where({inside}, {values}, {big}), 0)"),
-                        self.bind(f"tl.max(tl.where({inside}, {values}, -{big}), 0)"))
+            values = self.bind(f"{L.load}({ptr} + {offset.replace('OFFS', offs)}, mask={inside}, other=0)"
+                               f".to({L.int64})")
+            return _int(self.bind(f"{L.min}({L.where}({inside}, {values}, {big}), 0)"),
+                        self.bind(f"{L.max}({L.where}({inside}, {values}, -{big}), 0)"))
         # key tiles, a vector of them at a time: their min and max, computed once per launch
         lo, hi, offset = self.p.summary_address(node, axis, idx, self.key_tiles)
         inside = f"{self.key_tiles} < n_tiles"
-        return Interval(lo=self.bind(f"tl.load({lo} + {offset}, mask={inside}, other=0).to(tl.int64)"),
-                        hi=self.bind(f"tl.load({hi} + {offset}, mask={inside}, other=0).to(tl.int64)"), varies=True)
+        return Interval(lo=self.bind(f"{L.load}({lo} + {offset}, mask={inside}, other=0).to({L.int64})"),
+                        hi=self.bind(f"{L.load}({hi} + {offset}, mask={inside}, other=0).to({L.int64})"), varies=True)
 
 
 def _is_tensor(arg) -> bool:
@@ -299,13 +301,15 @@ def _mul(ip, node, a):
 
 
 def _abs(ip, node, a):
+    L = ip.p.L
     lo, hi = a[0].lo, a[0].hi
-    return _int(ip.bind(f"tl.maximum(tl.maximum({lo}, -({hi})), 0)"),
-                ip.bind(f"tl.maximum({hi}, -({lo}))"))
+    return _int(ip.bind(f"{L.maximum}({L.maximum}({lo}, -({hi})), 0)"),
+                ip.bind(f"{L.maximum}({hi}, -({lo}))"))
 
 
-def _minmax(fn):
+def _minmax(name):
     def rule(ip, node, a):
+        fn = getattr(ip.p.L, name)
         return _int(ip.bind(f"{fn}({a[0].lo}, {a[1].lo})"), ip.bind(f"{fn}({a[0].hi}, {a[1].hi})"))
     return rule
 
@@ -354,6 +358,7 @@ def _not(ip, node, a):
 def _same(ip, node, a):
     """A copy, or a cast between booleans and numbers (``.bool()`` is ``x != 0``, ``.float()`` of a
     boolean its 0 or 1); other casts (a float to an integer rounds) have no rule."""
+    L = ip.p.L
     dtype = node.kwargs.get("dtype")
     if dtype in (None, node.args[0].meta["val"].dtype):
         return a[0]
@@ -361,7 +366,7 @@ def _same(ip, node, a):
     if dtype is torch.bool and not x.is_bool:
         return _bool(ip.bind(f"(({x.lo}) > 0) | (({x.hi}) < 0)"), ip.bind(f"~((({x.lo}) == 0) & (({x.hi}) == 0))"))
     if dtype is not torch.bool and x.is_bool:
-        return _int(ip.bind(f"tl.where({x.must}, 1, 0)"), ip.bind(f"tl.where({x.may}, 1, 0)"))
+        return _int(ip.bind(f"{L.where}({x.must}, 1, 0)"), ip.bind(f"{L.where}({x.may}, 1, 0)"))
     raise NoInterval("a cast")
 
 
@@ -392,17 +397,18 @@ def _remainder(ip, node, a):
 def _where(ip, node, a):
     """``x`` where the condition holds throughout the tile, ``y`` where it holds nowhere, either
     elsewhere (``where(triu(ones), c, 0)``, the capture's form of a triangle of a constant)."""
+    L = ip.p.L
     c, x, y = a
     if x.is_bool or not c.is_bool:
         raise NoInterval("where of booleans")
-    return _int(ip.bind(f"tl.where({c.must}, {x.lo}, tl.where(~({c.may}), {y.lo}, tl.minimum({x.lo}, {y.lo})))"),
-                ip.bind(f"tl.where({c.must}, {x.hi}, tl.where(~({c.may}), {y.hi}, tl.maximum({x.hi}, {y.hi})))"))
+    return _int(ip.bind(f"{L.where}({c.must}, {x.lo}, {L.where}(~({c.may}), {y.lo}, {L.minimum}({x.lo}, {y.lo})))"),
+                ip.bind(f"{L.where}({c.must}, {x.hi}, {L.where}(~({c.may}), {y.hi}, {L.maximum}({x.hi}, {y.hi})))"))
 
 
 RULES = {
     aten.add: _add, aten.sub: _sub, aten.neg: _neg, aten.mul: _mul, aten.abs: _abs,
     aten.floor_divide: _floor_divide, aten.div: _div, aten.remainder: _remainder,
-    aten.maximum: _minmax("tl.maximum"), aten.minimum: _minmax("tl.minimum"),
+    aten.maximum: _minmax("maximum"), aten.minimum: _minmax("minimum"),
     aten.le: _compare("le"), aten.lt: _compare("lt"), aten.ge: _compare("ge"), aten.gt: _compare("gt"),
     aten.eq: _compare("eq"), aten.ne: _compare("ne"),
     aten.logical_and: _and, aten.bitwise_and: _and, aten.logical_or: _or, aten.bitwise_or: _or,

@@ -17,6 +17,28 @@ class Unprintable(Exception):
     """No printer for this op (or these arguments)."""
 
 
+class Namespace:
+    """How a backend's kernels name the tile language's functions and types, for the printers
+    (``f"{L.exp}({x})"``): ``TL``, Triton's ``tl`` (the default), or the Gluon kernel's
+    (codegen/gluon.py), whose names are ``allowed`` ones only — any other raises Unprintable while
+    the kernel is printed. ``renamed``: a name spelled otherwise (Triton's ``erf`` is ``tl.math.erf``)."""
+
+    def __init__(self, prefix: str, allowed=None, renamed=None, backend: str = "Triton"):
+        self.prefix, self.allowed, self.renamed, self.backend = prefix, allowed, dict(renamed or {}), backend
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in self.renamed:
+            return self.renamed[name]
+        if self.allowed is not None and name not in self.allowed:
+            raise Unprintable(f"tl.{name} has no {self.backend} form in fxflash's {self.backend} kernel")
+        return f"{self.prefix}.{name}"
+
+
+TL = Namespace("tl", renamed={"erf": "tl.math.erf"})
+
+
 TRITON_DTYPES = {
     torch.float32: "tl.float32",
     torch.float16: "tl.float16",
@@ -30,15 +52,16 @@ TRITON_DTYPES = {
 }
 
 
-def compute_dtype(dtype: torch.dtype) -> str:
-    """The Triton type a value of ``dtype`` is held in inside a kernel."""
-    if dtype.is_floating_point:
+def compute_dtype(dtype: torch.dtype, L: Namespace = TL, held: bool = False) -> str:
+    """The type a value of ``dtype`` is held in inside a kernel (with ``held``, the dtype itself:
+    a 16-bit float as eager holds it)."""
+    if dtype.is_floating_point and not held:
         if dtype is torch.float64:
             raise Unprintable("float64 values are not computed in fused kernels")
-        return "tl.float32"
+        return L.float32
     if dtype not in TRITON_DTYPES:
         raise Unprintable(f"dtype {dtype}")
-    return TRITON_DTYPES[dtype]
+    return getattr(L, TRITON_DTYPES[dtype].removeprefix("tl."))
 
 
 def literal(value) -> str:
@@ -57,24 +80,24 @@ def literal(value) -> str:
 
 
 def _binary(fmt):
-    return lambda a, node: fmt.format(*a[:2])
+    return lambda a, node, L=TL: fmt.format(*a[:2], L=L)
 
 
 def _unary(fmt):
-    return lambda a, node: fmt.format(a[0])
+    return lambda a, node, L=TL: fmt.format(a[0], L=L)
 
 
-def _add(a, node):
+def _add(a, node, L=TL):
     alpha = node.kwargs.get("alpha", 1)
     return f"({a[0]} + {a[1]})" if alpha == 1 else f"({a[0]} + {a[1]} * {literal(alpha)})"
 
 
-def _sub(a, node):
+def _sub(a, node, L=TL):
     alpha = node.kwargs.get("alpha", 1)
     return f"({a[0]} - {a[1]})" if alpha == 1 else f"({a[0]} - {a[1]} * {literal(alpha)})"
 
 
-def _div(a, node):
+def _div(a, node, L=TL):
     mode = node.kwargs.get("rounding_mode")
     if mode == "floor":
         return floor_div_code(a[0], positive_int_divisor(node))
@@ -108,44 +131,44 @@ def floor_div_code(x: str, c: int) -> str:
     return f"((({x}) - {python_mod_code(x, c)}) // {c})"
 
 
-def _pow(a, node):
+def _pow(a, node, L=TL):
     exponent = node.args[1]
     if isinstance(exponent, (int, float)) and float(exponent).is_integer() and 0 <= exponent <= 8:
         n = int(exponent)
         return "1.0" if n == 0 else "(" + " * ".join([a[0]] * n) + ")"
     if exponent == 0.5:
-        return f"tl.sqrt({a[0]})"
+        return f"{L.sqrt}({a[0]})"
     if exponent == -0.5:
-        return f"tl.rsqrt({a[0]})"
+        return f"{L.rsqrt}({a[0]})"
     raise Unprintable(f"pow by {exponent!r}")
 
 
-def _clamp(a, node):
+def _clamp(a, node, L=TL):
     out = a[0]
     lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
     hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
     if lo is not None:
-        out = f"tl.maximum({out}, {a[1]})"
+        out = f"{L.maximum}({out}, {a[1]})"
     if hi is not None:
-        out = f"tl.minimum({out}, {a[2]})"
+        out = f"{L.minimum}({out}, {a[2]})"
     return out
 
 
-def _to_copy(a, node):
+def _to_copy(a, node, L=TL):
     dtype = node.kwargs.get("dtype")
     if dtype is None:
         return a[0]
-    return f"({a[0]}).to({compute_dtype(dtype)})"
+    return f"({a[0]}).to({compute_dtype(dtype, L)})"
 
 
-def _where(a, node):
+def _where(a, node, L=TL):
     cond = node.args[0]
     if isinstance(cond, torch.fx.Node) and cond.meta["val"].dtype is not torch.bool:
-        return f"tl.where({a[0]} != 0, {a[1]}, {a[2]})"  # Triton's where takes booleans only
-    return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+        return f"{L.where}({a[0]} != 0, {a[1]}, {a[2]})"  # Triton's where takes booleans only
+    return f"{L.where}({a[0]}, {a[1]}, {a[2]})"
 
 
-def _not(a, node):
+def _not(a, node, L=TL):
     return f"({a[0]} == 0)" if node.meta["val"].dtype is torch.bool else f"(~{a[0]})"
 
 
@@ -154,28 +177,28 @@ def _floating(node) -> bool:
     return val is None or val.dtype.is_floating_point
 
 
-def _sign(a, node):
+def _sign(a, node, L=TL):
     # 0 and NaN are their own sign
-    return f"tl.where({a[0]} > 0, 1, tl.where({a[0]} < 0, -1, {a[0]}))"
+    return f"{L.where}({a[0]} > 0, 1, {L.where}({a[0]} < 0, -1, {a[0]}))"
 
 
-def _trunc(a, node):
-    return f"tl.where({a[0]} < 0, tl.ceil({a[0]}), tl.floor({a[0]}))" if _floating(node) else a[0]
+def _trunc(a, node, L=TL):
+    return f"{L.where}({a[0]} < 0, {L.ceil}({a[0]}), {L.floor}({a[0]}))" if _floating(node) else a[0]
 
 
-def _round(a, node):
+def _round(a, node, L=TL):
     decimals = node.kwargs.get("decimals", node.args[1] if len(node.args) > 1 else 0)
     if decimals != 0:
         raise Unprintable(f"round to {decimals!r} decimals")
     return f"_fx_rint({a[0]})" if _floating(node) else a[0]
 
 
-def _fmod(a, node):
+def _fmod(a, node, L=TL):
     """``x − c·trunc(x / c)`` of integers by a positive literal (the remainder with the sign of x). A
     float fmod is exact in eager and would not be here: it stays eager's."""
     c = positive_int_divisor(node)
     r = python_mod_code(a[0], c)
-    return f"tl.where(({a[0]} < 0) & ({r} != 0), {r} - {c}, {r})"
+    return f"{L.where}(({a[0]} < 0) & ({r} != 0), {r} - {c}, {r})"
 
 
 PRINTERS = {
@@ -183,27 +206,27 @@ PRINTERS = {
     aten.sub: _sub,
     aten.mul: _binary("({} * {})"),
     aten.div: _div,
-    aten.floor_divide: lambda a, node: floor_div_code(a[0], positive_int_divisor(node)),
-    aten.remainder: lambda a, node: python_mod_code(a[0], positive_int_divisor(node)),
+    aten.floor_divide: lambda a, node, L=TL: floor_div_code(a[0], positive_int_divisor(node)),
+    aten.remainder: lambda a, node, L=TL: python_mod_code(a[0], positive_int_divisor(node)),
     aten.neg: _unary("(-{})"),
     aten.reciprocal: _unary("(1.0 / {})"),
-    aten.exp: _unary("tl.exp({})"),
-    aten.exp2: _unary("tl.exp2({})"),
-    aten.log: _unary("tl.log({})"),
-    aten.log2: _unary("tl.log2({})"),
-    aten.sqrt: _unary("tl.sqrt({})"),
-    aten.rsqrt: _unary("tl.rsqrt({})"),
+    aten.exp: _unary("{L.exp}({})"),
+    aten.exp2: _unary("{L.exp2}({})"),
+    aten.log: _unary("{L.log}({})"),
+    aten.log2: _unary("{L.log2}({})"),
+    aten.sqrt: _unary("{L.sqrt}({})"),
+    aten.rsqrt: _unary("{L.rsqrt}({})"),
     aten.sigmoid: _unary("_fx_sigmoid({})"),
     aten.tanh: _unary("_fx_tanh({})"),
-    aten.relu: _unary("tl.maximum({}, 0.0)"),
-    aten.abs: _unary("tl.abs({})"),
-    aten.sin: _unary("tl.sin({})"),
-    aten.cos: _unary("tl.cos({})"),
-    aten.erf: _unary("tl.math.erf({})"),
-    aten.floor: _unary("tl.floor({})"),
-    aten.ceil: _unary("tl.ceil({})"),
-    aten.maximum: _binary("tl.maximum({}, {}, propagate_nan=tl.PropagateNan.ALL)"),
-    aten.minimum: _binary("tl.minimum({}, {}, propagate_nan=tl.PropagateNan.ALL)"),
+    aten.relu: _unary("{L.maximum}({}, 0.0)"),
+    aten.abs: _unary("{L.abs}({})"),
+    aten.sin: _unary("{L.sin}({})"),
+    aten.cos: _unary("{L.cos}({})"),
+    aten.erf: _unary("{L.erf}({})"),
+    aten.floor: _unary("{L.floor}({})"),
+    aten.ceil: _unary("{L.ceil}({})"),
+    aten.maximum: _binary("{L.maximum}({}, {}, propagate_nan={L.PropagateNan}.ALL)"),
+    aten.minimum: _binary("{L.minimum}({}, {}, propagate_nan={L.PropagateNan}.ALL)"),
     aten.pow: _pow,
     aten.clamp: _clamp,
     aten._to_copy: _to_copy,
@@ -223,8 +246,8 @@ PRINTERS = {
     aten.bitwise_not: _not,
     aten.clone: _unary("{}"),
     aten.alias: _unary("{}"),
-    aten.isnan: lambda a, node: f"({a[0]} != {a[0]})",
-    aten.isinf: _unary("(tl.abs({}) == float('inf'))"),
+    aten.isnan: lambda a, node, L=TL: f"({a[0]} != {a[0]})",
+    aten.isinf: _unary("({L.abs}({}) == float('inf'))"),
     aten.isposinf: _unary("({} == float('inf'))"),
     aten.isneginf: _unary("({} == float('-inf'))"),
     aten.logical_xor: _binary("(({} != 0) ^ ({} != 0))"),
@@ -232,12 +255,12 @@ PRINTERS = {
     aten.trunc: _trunc,
     aten.round: _round,
     aten.fmod: _fmod,
-    aten.log10: _unary("(tl.log({}) * 0.4342944819032518)"),
+    aten.log10: _unary("({L.log}({}) * 0.4342944819032518)"),
     aten.log1p: _unary("_fx_log1p({})"),
     aten.expm1: _unary("_fx_expm1({})"),
     aten.sinh: _unary("_fx_sinh({})"),
     aten.cosh: _unary("_fx_cosh({})"),
-    aten.tan: lambda a, node: f"(tl.sin({a[0]}) / tl.cos({a[0]}))",
+    aten.tan: lambda a, node, L=TL: f"({L.sin}({a[0]}) / {L.cos}({a[0]}))",
     aten.atan: _unary("_fx_atan({})"),
     aten.atan2: _binary("_fx_atan2({}, {})"),
     aten.asin: _unary("_fx_asin({})"),
