@@ -132,6 +132,7 @@ class _ValuePrinter(_Printer):
     def place(self, code: str, varies_n: bool, prefix="t") -> Value:
         name = self.tmp(prefix)
         self.target.append(f"{name} = {code}")
+        self.defined[name] = (self.target, len(self.target) - 1)
         return Value(name, varies_n)
 
 
@@ -149,6 +150,7 @@ class _Kernel:
         self.own: list = []
         self.renamed: dict = {}   # IR value name → printed variable (``var``)
         self.input_grads: list = []   # the inputs whose gradient tiles it stores (Store "scores")
+        self.valid_at = 0             # the index of the loop body's ``valid`` line (full_loop)
         self.operands = {"q": region.q, "k": region.k, "v": region.v}  # by the programs' names of their tiles
 
     # -- values --------------------------------------------------------------------------
@@ -406,26 +408,23 @@ class _Kernel:
                 *("    " + line for line in chunk), "hi_t = tl.maximum(hi_t, lo_t)", *full_run_finish()]
 
     def full_loop(self, loop: list, over_keys: bool) -> list | None:
-        """The loop body for a full tile: each skip mask's condition the constant it is there (Triton
-        folds its ``where`` away, and the index arithmetic that fed it), and ``valid`` only the
+        """The loop body for a full tile: each skip mask's condition bound to the constant it is
+        there (its line, recorded where the value printer placed it, printed again: Triton folds
+        its ``where`` away, and the index arithmetic that fed it), and ``valid`` only the
         program's own tile's bound (the loop's tile is whole). None where a condition is not a
-        line of its own."""
-        # each condition's variables, as the forward's value printer recorded them (emit's mask_conds)
-        printed = {skip: self.vp.mask_conds.get(self.nodes[skip.condition], ()) for skip in self.program.skips}
-        if not all(printed.values()):
-            return None
-        constants = {f"{code} = ": f"{code} = tl.full([1, 1], {0 if skip.masked_when else 1}, tl.int1)"
-                     for skip, codes in printed.items() for code in codes}
-        body, found = [], set()
-        for line in loop:
-            head = next((h for h in constants if line.startswith(h)), None)
-            if head is not None:
-                found.add(head)
-                line = constants[head]
-            elif line.startswith("valid = "):
-                line = f"valid = {ROW} < M" if over_keys else "valid = col_ok"
-            body.append(line)
-        return body if found == set(constants) else None
+        line of the loop."""
+        body = list(loop)
+        for skip in self.program.skips:
+            codes = self.vp.mask_conds.get(self.nodes[skip.condition], ())  # emit's mask_conds
+            if not codes:
+                return None
+            for code in codes:
+                section, at = self.vp.defined.get(code, (None, None))
+                if section is not loop:
+                    return None
+                body[at] = f"{code} = tl.full([1, 1], {0 if skip.masked_when else 1}, tl.int1)"
+        body[self.valid_at] = f"valid = {ROW} < M" if over_keys else "valid = col_ok"
+        return body
 
     # -- the function --------------------------------------------------------------------
     def print(self, out_dtype) -> BackwardKernel:
@@ -475,11 +474,12 @@ class _Kernel:
             self.op(op, pre)
         loop: list = []
         if prog.loop == "key":
-            loop += ["offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]", f"col_ok = {COL} < N",
-                     f"valid = ({ROW} < M) & col_ok"]
+            loop += ["offs_n = start_n + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]", f"col_ok = {COL} < N"]
         elif prog.loop == "row":
-            loop += ["offs_m = start_m + tl.arange(0, BLOCK_M)", f"{ROW} = offs_m[:, None]",
-                     f"valid = ({ROW} < M) & col_ok"]
+            loop += ["offs_m = start_m + tl.arange(0, BLOCK_M)", f"{ROW} = offs_m[:, None]"]
+        if prog.loop:
+            self.valid_at = len(loop)   # the line full_loop prints again
+            loop.append(f"valid = ({ROW} < M) & col_ok")
         for op in prog.body:
             self.op(op, loop)
         post: list = []

@@ -235,6 +235,7 @@ class _Printer:
         self.full_proved = False   # tile_range classifies full tiles (every mask has an interval)
         self.scan = 128            # key tiles classified per chunk (tile_range)
         self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
+        self.defined: dict = {}     # a placed value's name → (the section, the index of its line)
         self.outside_values: Outside | None = None  # computed or loaded (tile.outside), from begin's kinds
         self.sym_nodes: list = []  # KernelPlan.sym_nodes
         self.kinds: dict = {}
@@ -456,6 +457,7 @@ class _Printer:
         name = self.tmp(prefix)
         section = self.post if self.in_epilogue else (self.loop if varies_n else self.pre)
         section.append(f"{name} = {code}")
+        self.defined[name] = (section, len(section) - 1)
         return Value(name, varies_n)
 
     def load(self, node: fx.Node, idx: tuple) -> Value:
@@ -1215,20 +1217,20 @@ class _Printer:
 
     def full_tile_loop(self) -> list | None:
         """The loop body for tiles where every tile mask keeps every score: each mask's
-        condition, proved constant on such a tile, is that constant, so Triton folds the
-        ``where`` away (and the index arithmetic or id loads that fed it). None when a mask's
-        condition is not its own line of the loop body."""
+        condition, proved constant on such a tile, is bound to that constant instead (its line,
+        recorded where it was placed, printed again), so Triton folds the ``where`` away (and the
+        index arithmetic or id loads that fed it). None when a mask's condition is not a line of
+        the loop body."""
         if not self.r.tile_masks or any(m.condition not in self.mask_conds for m in self.r.tile_masks):
             return None
-        conds = {code: m.masked_when for m in self.r.tile_masks for code in self.mask_conds[m.condition]}
-        body, replaced = [], set()
-        for line in self.loop:
-            name = line.split(" = ", 1)[0]
-            if name in conds:
-                line = f"{name} = {self.constant_mask(0 if conds[name] else 1)}"
-                replaced.add(name)
-            body.append(line)
-        return body if replaced == set(conds) else None
+        body = list(self.loop)
+        for mask in self.r.tile_masks:
+            for code in self.mask_conds[mask.condition]:
+                section, at = self.defined.get(code, (None, None))
+                if section is not self.loop:
+                    return None
+                body[at] = f"{code} = {self.constant_mask(0 if mask.masked_when else 1)}"
+        return body
 
     def finite_fill_checks(self) -> list[str]:
         """Conditions that flag a row for the repair kernel where a tile mask with a finite fill
