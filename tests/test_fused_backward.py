@@ -387,14 +387,17 @@ def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
     assert_gradients_accurate(padded, fxflash.optimize(padded), (q, k, v, keep), wrt=(0, 1, 2))
 
 
-def test_sizes_past_the_kernels_int32_indices_recompute_inside_the_backward_op(monkeypatch):
+@pytest.mark.parametrize("name", ["biased", "gqa_expand"])
+def test_sizes_past_the_kernels_int32_indices_recompute_inside_the_backward_op(name, monkeypatch):
     """Where the kernels' int32 index arithmetic could overflow, fxflash::region_backward gives the
-    same gradients from the region's own ops (here with the limit lowered to these sizes)."""
+    same gradients from the region's own ops (here with the limit lowered to these sizes); for
+    GQA, whose op is given K and V before their broadcast, summed back through it."""
     import fxflash.runtime.backward as backward
 
     monkeypatch.setattr(backward, "INT32_LIMIT", 64)
     monkeypatch.setattr(backward, "load_kernel", lambda *a: pytest.fail("a kernel was launched"))
-    q, k, v = VARIANTS["vanilla"].inputs(SHAPE)
+    q, k, v = VARIANTS["vanilla" if name == "biased" else name].inputs(SHAPE)
     bias = torch.randn(SHAPE.H, SHAPE.M, SHAPE.N, generator=torch.Generator().manual_seed(0))
-    assert _fused_backward_of(_biased, q, k, v, bias) == ["fused"]
-    assert_gradients_accurate(_biased, fxflash.optimize(_biased), (q, k, v, bias), wrt=(0, 1, 2, 3))
+    fn, args = (_biased, (q, k, v, bias)) if name == "biased" else (VARIANTS[name].fn, (q, k, v))
+    assert _fused_backward_of(fn, *args) == ["fused"]
+    assert_gradients_accurate(fn, fxflash.optimize(fn), args, wrt=tuple(range(len(args))))
