@@ -649,7 +649,7 @@ class _Printer:
         scaled = _positive_scale(p, node, args, self.options.fold_scale_add, self.L) if folds else None
         if scaled is not None:
             base, c = scaled
-            if not re.fullmatch(r"\w+", base):
+            if not base.isidentifier():   # an expression: bound to a name of its own
                 base = self.place(base, varies).code
             value = dataclasses.replace(value, scaled=(base, c))
         if folds and self.options.fold_scale_add:

@@ -91,7 +91,7 @@ from ..tile.backward import statistics_nodes
 from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
                    row_guard)
-from .printers import GPU_HELPERS, Namespace, Unprintable
+from .printers import Namespace, Unprintable, gpu_helpers
 from .printers import HELPERS as TRITON_HELPERS
 
 aten = torch.ops.aten
@@ -429,8 +429,8 @@ GL = Namespace("gl", allowed={"where", "maximum", "minimum", "exp", "exp2", "log
                               "float16", "bfloat16", "int1", "int8", "int16", "int32", "int64", "uint8"},
                renamed={"erf": "gl.erf", "PropagateNan": "tl.PropagateNan"}, backend="Gluon")
 # The helper functions the printed lines may call: printers.GPU_HELPERS (libdevice's tanh, the
-# special-function unit's sigmoid) in Gluon's spelling — the same calls on gl's tensors.
-HELPERS = {name: src.replace("@triton.jit", "@gluon.jit").replace("tl.", "gl.") for name, src in GPU_HELPERS.items()}
+# special-function unit's sigmoid) printed for Gluon — the same calls on gl's tensors.
+HELPERS = gpu_helpers("gl", "gluon.jit")
 
 
 @dataclasses.dataclass

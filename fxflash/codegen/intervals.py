@@ -258,9 +258,8 @@ class IntervalPrinter:
         if e == "rm":   # the one query tile: a vector of its rows
             offs = self.bind(f"m_lo + {self.p.arange('BLOCK_M')}")
             inside = f"{offs} <= m_hi"
-            ptr, offset = self.p.input_address(node, tuple("OFFS" if x == e else x for x in idx))
-            values = self.bind(f"{L.load}({ptr} + {offset.replace('OFFS', offs)}, mask={inside}, other=0)"
-                               f".to({L.int64})")
+            ptr, offset = self.p.input_address(node, tuple(offs if x == e else x for x in idx))
+            values = self.bind(f"{L.load}({ptr} + {offset}, mask={inside}, other=0).to({L.int64})")
             return _int(self.bind(f"{L.min}({L.where}({inside}, {values}, {big}), 0)"),
                         self.bind(f"{L.max}({L.where}({inside}, {values}, -{big}), 0)"))
         # key tiles, a vector of them at a time: their min and max, computed once per launch

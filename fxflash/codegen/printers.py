@@ -274,24 +274,33 @@ PRINTERS = {
 # GPU_HELPERS replace them on GPUs with CUDA's libdevice or the special-function unit's
 # instructions (same accuracy, fewer instructions: no IEEE division, no range fix-ups); the
 # interpreter has neither.
-GPU_HELPERS = {
+_GPU_HELPER_TEMPLATES = {
     "_fx_tanh": '''
-@triton.jit
+@{jit}
 def _fx_tanh(x):
-    return libdevice.tanh(x.to(tl.float32))
+    return libdevice.tanh(x.to({ns}.float32))
 ''',
     "_fx_sigmoid": '''
-@triton.jit
+@{jit}
 def _fx_sigmoid(x):
     # 1 / (1 + 2^(-x·log₂e)) with the special-function unit's exp2 and reciprocal (within 2 and
     # 1 ulp), flushing subnormals to zero: where 2^(-x·log₂e) is subnormal, 1 + it rounds to 1
     # anyway; where it overflows (x < -88), 1/inf = 0 stands for a sigmoid below 2^-126.
-    e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x.to(tl.float32) * -1.4426950408889634],
-                                  dtype=tl.float32, is_pure=True, pack=1)
-    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
-                                     dtype=tl.float32, is_pure=True, pack=1)
+    e = {ns}.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x.to({ns}.float32) * -1.4426950408889634],
+                                  dtype={ns}.float32, is_pure=True, pack=1)
+    return {ns}.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + e],
+                                     dtype={ns}.float32, is_pure=True, pack=1)
 ''',
 }
+
+
+def gpu_helpers(ns: str = "tl", jit: str = "triton.jit") -> dict:
+    """GPU_HELPERS for a backend: its language's prefix ``ns`` and its decorator ``jit`` (the Gluon
+    kernel's: ``gl``, ``gluon.jit``)."""
+    return {name: src.format(ns=ns, jit=jit) for name, src in _GPU_HELPER_TEMPLATES.items()}
+
+
+GPU_HELPERS = gpu_helpers()
 HELPERS = {
     "_fx_sigmoid": '''
 @triton.jit
