@@ -940,7 +940,7 @@ class _Printer:
         acc = f"acc_{name}"
         if red.combine in ("max", "min"):
             fill = "float('-inf')" if red.combine == "max" else "float('inf')"
-            pick = f"{L.maximum}" if red.combine == "max" else f"{L.minimum}"
+            pick = L.maximum if red.combine == "max" else L.minimum
             # the maximum is taken over the value its exponent reads: the folded ``base`` where the
             # exponent is the multiply-add on it, else the score itself (then ``x − m ≤ 0`` exactly)
             hom = self.r.rescales.get(red.node)
@@ -951,7 +951,7 @@ class _Printer:
             if log2:
                 c = (c or 1.0) * LOG2E
             factor = f" * {c!r}" if c is not None else ""  # max(c·x) = c·max(x), c > 0
-            tile = f"{getattr(self.L, red.combine)}({L.where}(col_ok, {base}, {fill}), 1, keep_dims=True)"
+            tile = f"{getattr(L, red.combine)}({L.where}(col_ok, {base}, {fill}), 1, keep_dims=True)"
             if red.combine == "max" and hom is not None and self.flags_rows:
                 # the rows that saw a score above -inf (the scaled maximum, in exp2 units, may
                 # overflow to -inf where the scores are finite): saturated_rows leaves the others
@@ -1425,7 +1425,7 @@ class _Printer:
         assert self.body[0] == f"pid = {L.program_id}(0)", self.body[0]
         items = " * ".join([f"{L.cdiv}(M, BLOCK_M)", *(f"FB{i}" for i in range(len(self.frame_shape) - 2)),
                             str(self.dv_split)])
-        scan = f"{self.arange('REPAIR_SCAN')}"
+        scan = self.arange("REPAIR_SCAN")
         rows = f"(mt_v * BLOCK_M)[:, None] + {self.arange('BLOCK_M')}[None, :]"
         return [
             f"n_items = {items}",
