@@ -541,7 +541,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     grouped = () if axis is None else tuple(dataclasses.replace(p, name=f"{p.name}_grouped", group=True)
                                             for p in (deterministic[-2], atomics))
     options = plan.options
-    kernels, lines, bound, slot_values = [], [], (0, 0), []
+    kernels, lines, bound, slot_values, helpers = [], [], (0, 0), [], set()
     out_dtype = attention_output(r).meta["val"].dtype
     for program in (*programs, atomics, *grouped):
         printer = _Kernel(r, kinds, options, program)
@@ -563,7 +563,8 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         bound = (max(bound[0], vp.index_bound[0]), max(bound[1], vp.index_bound[1]))
         kernels.append(kernel)
         lines += printer.lines + [""]
-    source = module_source(lines)
+        helpers |= vp.helpers
+    source = module_source(lines, helpers)
 
     def where(operand, holds_transpose: bool) -> tuple:
         return (plan.input_nodes.index(operand.node), holds_transpose, operand.batch_rank)

@@ -34,8 +34,8 @@ from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncas
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from ..tile.outside import VECTOR_VIEWS, Outside
-from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Namespace, Unprintable, compute_dtype,
-                       literal)
+from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
+                       compute_dtype, literal)
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -236,6 +236,7 @@ class _Printer:
         self.scan = 128            # key tiles classified per chunk (tile_range)
         self.mask_conds: dict = {}  # tile-mask condition node → its variables in the loop body
         self.defined: dict = {}     # a placed value's name → (the section, the index of its line)
+        self.helpers: set = set()   # the helper functions its lines call (module_source defines them)
         self.outside_values: Outside | None = None  # computed or loaded (tile.outside), from begin's kinds
         self.sym_nodes: list = []  # KernelPlan.sym_nodes
         self.kinds: dict = {}
@@ -278,6 +279,17 @@ class _Printer:
     def constant_mask(self, value: int) -> str:
         """A tile mask's condition where it is the constant ``value`` on every score of the tile."""
         return f"{self.L.full}([1, 1], {value}, {self.L.int1})"
+
+    def printed(self, p, codes: list, node: fx.Node) -> str:
+        """``node`` printed by its op's printer (PRINTERS), a helper function it calls recorded."""
+        code = PRINTERS[p](codes, node, self.L)
+        if isinstance(code, Call):
+            self.call(code.helper)
+        return code
+
+    def call(self, helper: str) -> None:
+        """Record that a line calls the helper function ``helper`` (HELPERS)."""
+        self.helpers.add(helper)
 
     def label(self, node: fx.Node) -> str:
         """``node``'s name in the kernel's variables: its op and its rank among the region's nodes of
@@ -448,6 +460,7 @@ class _Printer:
         if not (self.two_pass and self.sixteen_bit and dtype in (torch.float16, torch.bfloat16)):
             return code
         if dtype is torch.bfloat16 and interpreting():
+            self.call("_fx_round_bf16")
             return f"_fx_round_bf16({code})"
         return f"({code}).to({compute_dtype(dtype, self.L, held=True)}).to({self.L.float32})"
 
@@ -632,7 +645,7 @@ class _Printer:
         if narrowed:
             bound = self.narrow_bound(node, p, args, dtype)
             if bound is not None:
-                code = PRINTERS[p]([a.code for a in args], node, self.L)
+                code = self.printed(p, [a.code for a in args], node)
                 if all(a.is_literal for a in args):
                     return Value(code, is_literal=True, bound=bound)
                 return self.bounded(code, varies, bound)
@@ -641,7 +654,7 @@ class _Printer:
                 # overflow (comparisons and conversions to float see the same exact value)
                 args = [dataclasses.replace(a, code=f"({a.code}).to({self.L.int64})")
                         if a.bound is not None and not a.is_literal else a for a in args]
-        code = PRINTERS[p]([a.code for a in args], node, self.L)
+        code = self.printed(p, [a.code for a in args], node)
         if dtype is not None and not all(a.is_literal for a in args):
             code = self.held(f"({code}).to({compute_dtype(dtype, self.L)})", node)
         value = self.place(code, varies)
@@ -1410,7 +1423,7 @@ class _Printer:
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
                                                (f"SAT_STREAMS: {L.constexpr}", f"REPAIR_SCAN: {L.constexpr}"))]
-        return module_source(functions)
+        return module_source(functions, self.helpers | (repair.helpers if repair is not None else set()))
 
     def repair_body(self) -> list[str]:
         """The repair kernel's body: a grid of a few programs per multiprocessor scans the row
@@ -1466,12 +1479,12 @@ def full_run_chunk(t: str, whole: str, full: str, L: Namespace = TL) -> list[str
             f"n_full += {L.sum}(full.to({L.int32}), 0)"]
 
 
-def module_source(functions: list[str]) -> str:
-    """A kernel module: the imports, the helper functions ``functions`` call, and ``functions``."""
-    helpers = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
-    called = {name for name in helpers if any(f"{name}(" in line for line in functions)}
-    called |= {callee for name in called for callee in HELPER_CALLS.get(name, ())}
-    used = [src for name, src in helpers.items() if name in called]
+def module_source(functions: list[str], helpers: set) -> str:
+    """A kernel module: the imports, the helper functions ``functions`` call (``helpers``, as their
+    printers recorded them, and those these call), and ``functions``."""
+    table = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
+    called = set(helpers) | {callee for name in helpers for callee in HELPER_CALLS.get(name, ())}
+    used = [src for name, src in table.items() if name in called]
     return "\n".join([
         "import triton",
         "import triton.language as tl",

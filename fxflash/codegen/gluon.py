@@ -92,7 +92,6 @@ from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _reindexed, _scaled, compute_dtype,
                    row_guard)
 from .printers import Namespace, Unprintable, gpu_helpers
-from .printers import HELPERS as TRITON_HELPERS
 
 aten = torch.ops.aten
 
@@ -500,6 +499,12 @@ class _GluonPrinter(_Printer):
         self.tiles: list = []  # per tile: (input index, its row stride's parameter, its batch offset, a key vector?)
         self.gates: list = []  # at most one: (input index, its row axis, row stride's parameter, batch offset)
 
+    def call(self, helper: str) -> None:
+        """A helper function the Gluon module defines (HELPERS); any other is refused here."""
+        if helper not in HELPERS:
+            raise Unprintable(f"no Gluon form of {helper} yet")
+        super().call(helper)
+
     def arange(self, size: str) -> str:
         """In the module's one-dimensional layout; a consumer's rows run to ROWS_P2 (rows past
         ``m_hi`` are masked)."""
@@ -660,7 +665,7 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
                      _scaled("q_in", r.q, GL) if q_tile_scale(r) else [], sm.weights,
                      out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16,
                      saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype], zero_empty_rows=sm.zero_empty_rows,
-                     options=options)
+                     options=options, helpers=pr.helpers)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
@@ -806,7 +811,7 @@ class _StreamLines:
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
             q_scale=(), weights=(1.0,), out_tma=None, check_acc=True, saturation=SATURATION_LOG2[torch.bfloat16],
-            zero_empty_rows=False, *, options: KernelOptions) -> str:
+            zero_empty_rows=False, *, options: KernelOptions, helpers: set = frozenset()) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
     ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
@@ -815,7 +820,8 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
     ``out_tma``: the output stored by TMA (_GluonPrinter.tma_store); ``check_acc``: rows whose
     accumulator overflowed are flagged too (emit._Printer.bounded_accumulation); ``saturation``:
     the bound on a row's maximum in exp2 units beyond which it is flagged (emit.SATURATION_LOG2);
-    ``zero_empty_rows``: a row whose every score is -inf is 0 (Softmax.zero_empty_rows), not NaN."""
+    ``zero_empty_rows``: a row whose every score is -inf is 0 (Softmax.zero_empty_rows), not NaN;
+    ``helpers``: the helper functions the printed lines call (_Printer.helpers)."""
     api = gluon_api()
     streams = _StreamLines.of(len(weights), api["tma_load"])
     fbs = "".join(f"fb{i}, " for i in range(fb))
@@ -848,11 +854,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         unravel += [f"fb{i} = rest % FB{i}", f"rest = rest // FB{i}"]
     mt = "n_mt - 1 - item % n_mt" if options.heavy_rows_first else "item % n_mt"
     body = "\n".join
-    lines = [line for code, _ in scores.values() for line in code] + store
-    helpers = [src for helper, src in HELPERS.items() if any(f"{helper}(" in line for line in lines)]
-    missing = [name for name in TRITON_HELPERS if name not in HELPERS and any(f"{name}(" in line for line in lines)]
-    if missing:
-        raise Unprintable(f"no Gluon form of {missing[0]} yet")
+    helpers = [src for helper, src in HELPERS.items() if helper in helpers]   # those the printer's lines call
     score_fns = "\n\n\n".join(SCORE_FN.format(fn=fn, tiles="".join(t + ", " for t in names), fbs=fbs, sp=sp, x=x,
                                                  lines=body("    " + line for line in code))
                              for fn, (code, x) in scores.items())

@@ -79,6 +79,20 @@ def literal(value) -> str:
     raise Unprintable(f"scalar {value!r}")
 
 
+class Call(str):
+    """Printed code that calls a helper function the module defines (``HELPERS``): the code, and
+    the helper's name, which the printer records (``_Printer.helpers``)."""
+
+    def __new__(cls, helper: str, args):
+        code = super().__new__(cls, f"{helper}({', '.join(args)})")
+        code.helper = helper
+        return code
+
+
+def _helper(name: str, arity: int = 1):
+    return lambda a, node, L=TL: Call(name, a[:arity])
+
+
 def _binary(fmt):
     return lambda a, node, L=TL: fmt.format(*a[:2], L=L)
 
@@ -190,7 +204,7 @@ def _round(a, node, L=TL):
     decimals = node.kwargs.get("decimals", node.args[1] if len(node.args) > 1 else 0)
     if decimals != 0:
         raise Unprintable(f"round to {decimals!r} decimals")
-    return f"_fx_rint({a[0]})" if _floating(node) else a[0]
+    return Call("_fx_rint", a[:1]) if _floating(node) else a[0]
 
 
 def _fmod(a, node, L=TL):
@@ -216,8 +230,8 @@ PRINTERS = {
     aten.log2: _unary("{L.log2}({})"),
     aten.sqrt: _unary("{L.sqrt}({})"),
     aten.rsqrt: _unary("{L.rsqrt}({})"),
-    aten.sigmoid: _unary("_fx_sigmoid({})"),
-    aten.tanh: _unary("_fx_tanh({})"),
+    aten.sigmoid: _helper("_fx_sigmoid"),
+    aten.tanh: _helper("_fx_tanh"),
     aten.relu: _unary("{L.maximum}({}, 0.0)"),
     aten.abs: _unary("{L.abs}({})"),
     aten.sin: _unary("{L.sin}({})"),
@@ -256,18 +270,18 @@ PRINTERS = {
     aten.round: _round,
     aten.fmod: _fmod,
     aten.log10: _unary("({L.log}({}) * 0.4342944819032518)"),
-    aten.log1p: _unary("_fx_log1p({})"),
-    aten.expm1: _unary("_fx_expm1({})"),
-    aten.sinh: _unary("_fx_sinh({})"),
-    aten.cosh: _unary("_fx_cosh({})"),
+    aten.log1p: _helper("_fx_log1p"),
+    aten.expm1: _helper("_fx_expm1"),
+    aten.sinh: _helper("_fx_sinh"),
+    aten.cosh: _helper("_fx_cosh"),
     aten.tan: lambda a, node, L=TL: f"({L.sin}({a[0]}) / {L.cos}({a[0]}))",
-    aten.atan: _unary("_fx_atan({})"),
-    aten.atan2: _binary("_fx_atan2({}, {})"),
-    aten.asin: _unary("_fx_asin({})"),
-    aten.acos: _unary("_fx_acos({})"),
-    aten.asinh: _unary("_fx_asinh({})"),
-    aten.acosh: _unary("_fx_acosh({})"),
-    aten.atanh: _unary("_fx_atanh({})"),
+    aten.atan: _helper("_fx_atan"),
+    aten.atan2: _helper("_fx_atan2", 2),
+    aten.asin: _helper("_fx_asin"),
+    aten.acos: _helper("_fx_acos"),
+    aten.asinh: _helper("_fx_asinh"),
+    aten.acosh: _helper("_fx_acosh"),
+    aten.atanh: _helper("_fx_atanh"),
 }
 
 # Helper functions a generated module defines when its kernel calls them: name → source.
