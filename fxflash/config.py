@@ -43,7 +43,8 @@ class Config:
                      computed once), and keeps the dQ kernel in Triton's interpreter and under
                      ``torch.use_deterministic_algorithms(True)``; "1" always adds by atomics
                      (unless deterministic algorithms are asked for), "0" never
-                     (``FXFLASH_DQ_ATOMICS``).
+                     (``FXFLASH_DQ_ATOMICS``). Where atomics are allowed ("auto" on a GPU, "1"),
+                     a bias's gradient is added by them too, into a tensor of its own shape.
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
