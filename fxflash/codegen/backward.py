@@ -422,7 +422,7 @@ class _Kernel:
                 section, at = self.vp.defined.get(code, (None, None))
                 if section is not loop:
                     return None
-                body[at] = f"{code} = tl.full([1, 1], {0 if skip.masked_when else 1}, tl.int1)"
+                body[at] = f"{code} = {self.vp.constant_mask(0 if skip.masked_when else 1)}"
         body[self.valid_at] = f"valid = {ROW} < M" if over_keys else "valid = col_ok"
         return body
 
@@ -588,7 +588,8 @@ def group_axis(r) -> int | None:
     for operand, holds_transpose in ((r.k, not r.k.transposed), (r.v, r.v.transposed)):
         val = operand.node.meta["val"]
         rank = operand.batch_rank
-        broadcast = [a for a in range(rank) if val.stride(a) == 0 and not (isinstance(val.shape[a], int) and val.shape[a] == 1)]
+        broadcast = [a for a in range(rank)
+                     if val.stride(a) == 0 and not (isinstance(val.shape[a], int) and val.shape[a] == 1)]
         if holds_transpose or len(broadcast) != 1:
             return None
         axes.append((broadcast[0], rank, val.shape[broadcast[0]]))

@@ -35,7 +35,7 @@ from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
-                       compute_dtype, literal)
+                       compute_dtype, dtype_name, literal)
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -241,10 +241,9 @@ class _Printer:
         self.sym_nodes: list = []  # KernelPlan.sym_nodes
         self.kinds: dict = {}
         self.frame_shape = region.out_frame_shape  # the grid's frame: [*batch, M, N] of P
-        fb = len(self.frame_shape) - 2
-        self.frame_idx = tuple(f"fb{i}" for i in range(fb)) + (ROW, COL)
-        for i in range(fb):
-            self.idx_bound[f"fb{i}"] = (1, 0)
+        self.frame_idx = self.batch_idx + (ROW, COL)
+        for name in self.batch_idx:
+            self.idx_bound[name] = (1, 0)
         # streams: None alone, or 0..S-1 (values of the score frame are printed once per stream;
         # values in the output frame belong to None)
         split = region.split
@@ -271,6 +270,11 @@ class _Printer:
         # (max node, sum node) of the region's softmax whose row statistics the kernel also stores
         # (the training forward, emit_kernel's ``statistics``), or None
         self.statistics: tuple | None = None
+
+    @property
+    def batch_idx(self) -> tuple:
+        """The names of the frame's batch indices (``fb0``, …), outside any stream."""
+        return tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2))
 
     def arange(self, size: str) -> str:
         """``[0, size)`` as a vector of indices."""
@@ -306,7 +310,7 @@ class _Printer:
         self.stream = stream
         self.vars = self.vars_of[stream]
         if stream is None or self.r.split is None:
-            self.frame_idx = tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2)) + (ROW, COL)
+            self.frame_idx = self.batch_idx + (ROW, COL)
             return
         split = self.r.split
         j, n = split.axis, split.count
@@ -315,7 +319,7 @@ class _Printer:
             code = f"fb{j} * {n} + {stream}" if split.inner else f"{stream} * FB{j} + fb{j}"
             self.pre.append(f"{name} = {code}")
             self.idx_bound[name] = (n, n)
-        idx = list(tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2)) + (ROW, COL))
+        idx = [*self.batch_idx, ROW, COL]
         idx[j] = name
         self.frame_idx = tuple(idx)
 
@@ -462,7 +466,7 @@ class _Printer:
         if dtype is torch.bfloat16 and interpreting():
             self.call("_fx_round_bf16")
             return f"_fx_round_bf16({code})"
-        return f"({code}).to({compute_dtype(dtype, self.L, held=True)}).to({self.L.float32})"
+        return f"({code}).to({dtype_name(dtype, self.L)}).to({self.L.float32})"
 
     def place(self, code: str, varies_n: bool, prefix="t") -> Value:
         """Bind ``code`` to a new name: after the loop in the epilogue, else inside the loop
@@ -1076,7 +1080,7 @@ class _Printer:
         tensor's own strides."""
         L = self.L
         r = self.r
-        names = [f"fb{i}" for i in range(len(self.frame_shape) - 2)] + [ROW, DVC]
+        names = [*self.batch_idx, ROW, DVC]
         self.vars[r.output_ops[0].args[0]] = Value("out", True)
         for op in r.output_ops:
             p = packet(op.target)

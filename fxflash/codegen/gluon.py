@@ -514,11 +514,6 @@ class _GluonPrinter(_Printer):
         """As a score tile ``s`` of the score function (emit's full_tile_loop)."""
         return f"gl.full(s.shape, {value}, gl.int1, layout=s.type.layout)"
 
-    @property
-    def batch_indices(self) -> tuple:
-        """The names of the frame's batch indices (``fb0``, …; emit's ``frame_idx`` without streams)."""
-        return tuple(f"fb{i}" for i in range(len(self.frame_shape) - 2))
-
     def load(self, node: fx.Node, idx: tuple) -> Value:
         if self.is_tma_gate(node, idx):
             i, axis = self.tensor_input(node), idx.index(ROW)
@@ -544,7 +539,7 @@ class _GluonPrinter(_Printer):
         emit's vector_producer); launch_refusal checks each launch's layout (TMA: the rows 16-byte
         aligned)."""
         val = node.meta["val"]
-        batch = self.batch_indices
+        batch = self.batch_idx
         rows = idx[-2:] == (ROW, COL) and _batch_axes(idx[:-2], batch)
         vector = self.options.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1], batch)
         return (self.options.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2
@@ -560,7 +555,7 @@ class _GluonPrinter(_Printer):
         return (self.options.gluon_tma_tiles and self.r.split is None
                 and self.in_epilogue and not self.gates and len(idx) >= 2 and idx[-1] == DVC
                 and self.r.D == self.r.Dv  # the Q buffers it arrives in are [64, D]
-                and len(rows) == 1 and _batch_axes([e for e in idx[:-1] if e != ROW], self.batch_indices)
+                and len(rows) == 1 and _batch_axes([e for e in idx[:-1] if e != ROW], self.batch_idx)
                 and val.dtype == self.r.q.node.meta["val"].dtype and val.shape[-1] == self.r.Dv
                 and val.stride(-1) == 1 and val.stride(rows[0]) > 0)
 
@@ -575,7 +570,7 @@ class _GluonPrinter(_Printer):
         whole rows apart or inside one row, as TMA reads a [R, sr] matrix)."""
         index, val = self.output_index, self.r.output.meta["val"]
         if not (self.options.gluon_tma_store and self.gates and index and index.count(ROW) == 1 and index[-1] == DVC
-                and _batch_axes([e for e in index[:-1] if e != ROW], self.batch_indices)
+                and _batch_axes([e for e in index[:-1] if e != ROW], self.batch_idx)
                 and val.dtype == self.r.q.node.meta["val"].dtype and _memory_order(val)[-1] == len(index) - 1):
             return None
         axis = index.index(ROW)
@@ -647,7 +642,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = pr.tile_range()
-    if others and pr.skips_tiles and any(_varies_along(mask.condition, pr.frame_shape, r.split.axis)
+    frame_axes = tuple(range(len(pr.frame_shape)))   # which of them each mask varies along (idx_of)
+    if others and pr.skips_tiles and any(r.split.axis in pr.idx_of(mask.condition, frame_axes)
                                          for mask in r.tile_masks):
         raise Unprintable("two softmax streams with masks whose key tiles depend on the stream's heads")
     # on the run of tiles where every mask keeps every score, each mask's condition is a
@@ -671,13 +667,6 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
                      gates=tuple((i, axis) for i, axis, _, _ in pr.gates), streams=len(sm.weights),
                      store=out_tma[0] if out_tma else None, options=options, sym_nodes=tuple(pr.sym_nodes))
-
-
-def _varies_along(node, frame_shape, axis: int) -> bool:
-    """Does ``node``'s value, broadcast into the score frame, vary along the frame's ``axis``?"""
-    shape = tuple(node.meta["val"].shape)
-    at = axis - (len(frame_shape) - len(shape))   # its own axis there, shapes aligned from the right
-    return at >= 0 and not (isinstance(shape[at], int) and shape[at] == 1)
 
 
 def _stream_lins(pr: _Printer) -> list:

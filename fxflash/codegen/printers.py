@@ -52,16 +52,20 @@ TRITON_DTYPES = {
 }
 
 
-def compute_dtype(dtype: torch.dtype, L: Namespace = TL, held: bool = False) -> str:
-    """The type a value of ``dtype`` is held in inside a kernel (with ``held``, the dtype itself:
-    a 16-bit float as eager holds it)."""
-    if dtype.is_floating_point and not held:
-        if dtype is torch.float64:
-            raise Unprintable("float64 values are not computed in fused kernels")
-        return L.float32
+def dtype_name(dtype: torch.dtype, L: Namespace = TL) -> str:
+    """``dtype`` as a kernel names it."""
     if dtype not in TRITON_DTYPES:
         raise Unprintable(f"dtype {dtype}")
     return getattr(L, TRITON_DTYPES[dtype].removeprefix("tl."))
+
+
+def compute_dtype(dtype: torch.dtype, L: Namespace = TL) -> str:
+    """The type a value of ``dtype`` is held in inside a kernel."""
+    if dtype.is_floating_point:
+        if dtype is torch.float64:
+            raise Unprintable("float64 values are not computed in fused kernels")
+        return L.float32
+    return dtype_name(dtype, L)
 
 
 def literal(value) -> str:

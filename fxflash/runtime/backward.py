@@ -176,10 +176,11 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
     # A loaded input's gradient is added into a zeroed fp32 tensor of its own shape where atomics are
     # allowed (``dga<j>``, _added_gradients), instead of a [B·H, M, N] tile per batch item summed after
     slots = [i for kernel in plan.kernels for i in kernel.input_grads]
+    adding = _add_slots(plan)
     added = _added_gradients(plan, device) if input_grads else set()
     for j, i in enumerate(slots):
         own[f"dg{j}"] = torch.zeros(batch, m, n, **f32) if input_grads and j not in added else torch.zeros(1, **f32)
-        if any(f"dga{j}" in kernel.own for kernel in plan.kernels):
+        if j in adding:
             own[f"dga{j}"] = torch.zeros(inputs[i].shape, **f32) if j in added else torch.zeros(1, **f32)
     key = _layout_key(inputs, own, frame, symints, input_grads, (repaired, *(k.name for k in kernels)), group)
     steps = entry.bound_backward.get(key) if key is not None else None
@@ -220,14 +221,17 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
     return result + after_pv, {plan.k[0], plan.v[0]} if group else set()
 
 
-def _added_gradients(plan, device) -> set:
-    """The gradient slots whose kernels add each tile into the input's own gradient (``dga<j>``):
-    those of inputs the kernels load, where atomics are allowed (``_atomics_allowed``: on a GPU,
-    not under deterministic algorithms nor ``FXFLASH_DQ_ATOMICS=0``; the summation order varies
-    from run to run)."""
-    if _atomics_allowed(plan, device) is None:
-        return set()
+def _add_slots(plan) -> set:
+    """The gradient slots whose kernels can add each tile into the input's own gradient
+    (``dga<j>``: those of inputs the kernels load)."""
     return {int(name[3:]) for kernel in plan.kernels for name in kernel.own if name.startswith("dga")}
+
+
+def _added_gradients(plan, device) -> set:
+    """The slots of ``_add_slots`` whose tiles are added (ADD_DG) rather than stored: all of them
+    where atomics are allowed (``_atomics_allowed``: on a GPU, not under deterministic algorithms
+    nor ``FXFLASH_DQ_ATOMICS=0``; the summation order varies from run to run), else none."""
+    return _add_slots(plan) if _atomics_allowed(plan, device) is not None else set()
 
 
 def _epilogue_gradients(entry, inputs: list, o: torch.Tensor, grad: torch.Tensor, extras: list) -> list:
