@@ -193,6 +193,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
         # nothing fused (or explain(), which runs no kernel): Dynamo's own graph, as it would be
         # compiled without fxflash; with inner="eager" that is the user's ops, bit for bit
         return _Recorded(_inner_compile(inner, gm, example_inputs, mode), report, [])
+    for entry in regions:  # a kernel that loses runs the region's ops as the inner compiler would have
+        entry.replaced = inner
     if direct is not None:
         compiled = report.rewritten = direct  # the graph that runs, its regions called directly
     else:

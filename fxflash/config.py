@@ -27,7 +27,8 @@ class Config:
     precompile:      before the tuner times a kernel's candidates, compile them side by side in
                      worker processes (runtime/precompile.py) rather than in this process, where
                      compilations barely overlap; ``FXFLASH_PRECOMPILE=0`` compiles them here.
-    time_eager:      on GPUs, the tuner also times the region's own ops (run by PyTorch) and runs
+    time_eager:      on GPUs, the tuner also times the region's own ops (run by PyTorch, or
+                     compiled by Inductor where it compiles the rest of the graph) and runs
                      them instead of the kernel where they are faster: a region never runs slower
                      than the code it replaced; ``FXFLASH_TIME_EAGER=0`` times kernels only (for
                      benchmarks of the kernels themselves).

@@ -106,7 +106,7 @@ def _training_forward(region, kinds, plan):
 
 
 def _own_ops_line(plan) -> list[str]:
-    """What the tuner does with the region's own ops (runtime/tuning.py, EAGER), and where it kept
+    """What the tuner does with the region's own ops (runtime/tuning.py, EAGER, COMPILED), and where it kept
     them: sizes at which every kernel was slower, from this process's or tuning.json's choices."""
     from .runtime import tuning
 
@@ -114,8 +114,8 @@ def _own_ops_line(plan) -> list[str]:
         return []
     sources = [plan.source] + ([plan.source + plan.gluon.source] if plan.gluon is not None else [])
     kept = tuning.own_ops_kept(sources)
-    return ["tuning: on a GPU the region's own ops, run by PyTorch, are timed beside its kernels and run "
-            "where every kernel is slower" + (f"; kept so at sizes {', '.join(kept)} (batch×M×N, rounded up)"
+    return ["tuning: on a GPU the region's own ops (run by PyTorch, or compiled by Inductor where it compiles "
+            "the rest of the graph) are timed beside its kernels and run where every kernel is slower" + (f"; kept so at sizes {', '.join(kept)} (batch×M×N, rounded up)"
                                               if kept else "")]
 
 

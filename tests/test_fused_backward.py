@@ -286,16 +286,23 @@ def test_dynamic_shapes_train_through_the_fused_backward():
 def test_inductor_compiles_the_training_forward_and_the_fused_backward(monkeypatch):
     """The backend's inner Inductor traces the joint graph through ``training_call``: the forward
     that stores the statistics, then the fused backward reading them, whose gradients have the
-    layout its fake implementation promised (Inductor checks it; K is read transposed)."""
+    layout its fake implementation promised (Inductor checks it; K is read transposed). The graph
+    is one AOTAutogradCache keeps (``fxflash::region_call``, an operator), so a warm process loads
+    it rather than tracing it again."""
     import fxflash.runtime.backward as backward
+    from torch._dynamo.utils import counters
 
     calls = []
     run = backward.run_backward
     monkeypatch.setattr(backward, "run_backward", lambda *a, **k: calls.append(len(a[8])) or run(*a, **k))
     variant = VARIANTS["vanilla"]
     compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="inductor"), dynamic=True)
-    assert_gradients_accurate(variant.fn, compiled, variant.inputs(SHAPE), wrt=(0, 1, 2))
+    counters.clear()
+    with torch._functorch.config.patch(enable_autograd_cache=True), torch._inductor.config.patch(fx_graph_cache=True):
+        assert_gradients_accurate(variant.fn, compiled, variant.inputs(SHAPE), wrt=(0, 1, 2))
     assert calls == [2]
+    cache = counters["aot_autograd"]
+    assert cache["autograd_cache_miss"] + cache["autograd_cache_hit"] == 1 and not cache["autograd_cache_bypass"]
 
 
 def test_activation_checkpointing_recomputes_the_fused_forward():

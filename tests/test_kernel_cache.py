@@ -272,3 +272,23 @@ def test_identical_regions_print_one_backward_source():
     entries = [op._REGISTRY[key] for key in set(op._REGISTRY) - before]
     assert len(entries) == 2 and entries[0].plan.backward is not None
     assert entries[0].plan.backward.source == entries[1].plan.backward.source
+
+
+def test_region_keys_name_what_the_region_runs():
+    """A region's key is a digest of what it runs (its kernels' sources, the ops it replaces) and
+    how many such regions came before: the same code compiled again gets the same digest, the same
+    code with another constant another one. So a graph that Inductor's caches reload in a fresh
+    process (keyed by the graph, key strings included) calls the regions it was compiled with."""
+    def attention(scale):
+        return lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+    args = VARIANTS["vanilla"].inputs(SHAPE)
+    keys = []
+    for scale in (0.25, 0.25, 0.5):
+        before = set(op._REGISTRY)
+        fast = fxflash.optimize(attention(scale))
+        assert_fused(fast.report(*args), 1)
+        (key,) = set(op._REGISTRY) - before
+        keys.append(key.split("#"))
+    (first, n), (again, m), (other, _) = keys
+    assert first == again and int(m) == int(n) + 1 and other != first

@@ -182,23 +182,44 @@ def test_a_region_whose_own_ops_beat_every_tile_runs_them(recorded, monkeypatch)
     """Where the tuner finds the region's own ops (tuning.EAGER) faster than every tile, that
     call and the later ones return what those ops compute and launch no kernel: a region is
     never slower than the code it replaced. The tuner is offered them (``eager``) and times
-    them as it times a tile."""
+    them as it times a tile (``optimize()`` on a CPU compiles the rest of the graph with nothing:
+    the ops run by PyTorch)."""
     fast, args, kernel = recorded
     offered = []
 
-    def tuner(plan, inputs, frame, run, eager=False):
-        offered.append(eager)
+    def tuner(plan, inputs, frame, run, own=None):
+        offered.append(own)
         if len(offered) == 1:  # timed at the first call, remembered after it
             run((16, 16, 4, 1))
-            run(tuning.EAGER)
-        return tuning.EAGER
+            run(own)
+        return own
 
     monkeypatch.setattr(launch, "tile_for", tuner)
     tuning.forget()
     outs = [fast(*args), fast(*args)]
-    assert offered == [True, True] and kinds(kernel) == ["jit"]   # the tile timed, then no launch
+    assert offered == [tuning.EAGER] * 2 and kinds(kernel) == ["jit"]   # the tile timed, then no launch
     for out in outs:  # no kernel wrote them: the region's own ops did
         assert_accurate(VARIANTS["vanilla"].fn, args, out)
+
+
+def test_under_the_inner_inductor_a_region_times_its_own_ops_as_inductor_compiles_them(monkeypatch):
+    """The code a region replaces under ``inner="inductor"`` is Inductor's: the tuner is offered the
+    region's ops compiled by Inductor (tuning.COMPILED), and where they win, they run."""
+    variant = VARIANTS["vanilla"]
+    args = variant.inputs(Shape(B=1, H=2, Hkv=2, M=20, N=24, D=16, Dv=16), torch.float32, "cpu")
+    offered, compiled = [], []
+
+    def tuner(plan, inputs, frame, run, own=None):
+        offered.append(own)
+        run(own)
+        return own
+
+    inductor_compile = torch._inductor.compile
+    run = torch.compile(variant.fn, backend=fxflash.backend(inner="inductor"))
+    monkeypatch.setattr(launch, "tile_for", tuner)
+    monkeypatch.setattr(torch._inductor, "compile", lambda gm, inputs: compiled.append(gm) or inductor_compile(gm, inputs))
+    assert_accurate(variant.fn, args, run(*args))
+    assert offered == [tuning.COMPILED] and len(compiled) == 1
 
 
 def triton_grid(q, block_m):

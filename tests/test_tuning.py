@@ -282,17 +282,29 @@ def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
 
 @pytest.mark.fusion_independent
 def test_the_tuner_keeps_the_regions_own_ops_only_where_they_are_faster(fresh):
-    """tuning.EAGER is a candidate like a tile: kept, stored and read back where it is the
-    fastest, passed over where a tile is."""
-    for eager_ms, kept in ((0.1, tuning.EAGER), (0.5, (128, 128, 8, 3))):
+    """tuning.EAGER and COMPILED (the ops run by PyTorch, or compiled by Inductor) are candidates
+    like a tile: kept, stored and read back where they are the fastest, passed over where a tile
+    is; a choice of one is not handed to a caller that offers the other."""
+    for own in tuning.OWN_OPS:
+        for own_ms, kept in ((0.1, own), (0.5, (128, 128, 8, 3))):
+            tuning.forget(disk=True)
+            gpu = FakeGPU(times={**TIMES, own: own_ms})
+            assert tuning.choose("fxflash_region", "src", [*CANDIDATES, own], [torch.bfloat16], "GPU",
+                                 FRAME, gpu.run, gpu) == kept
+            tuning.forget()
+            assert tuning.choose("fxflash_region", "src", [*CANDIDATES, own], [torch.bfloat16], "GPU",
+                                 FRAME, gpu.run, gpu) == kept   # from tuning.json
+        (other,) = set(tuning.OWN_OPS) - {own}
         tuning.forget(disk=True)
-        gpu = FakeGPU(times={**TIMES, tuning.EAGER: eager_ms})
-        assert tuning.choose("fxflash_region", "src", [*CANDIDATES, tuning.EAGER], [torch.bfloat16], "GPU",
-                             FRAME, gpu.run, gpu) == kept
-        tuning.forget()
-        assert tuning.choose("fxflash_region", "src", [*CANDIDATES, tuning.EAGER], [torch.bfloat16], "GPU",
-                             FRAME, gpu.run, gpu) == kept   # from tuning.json
-    assert "PyTorch" in tuning.describe(tuning.EAGER)
+        gpu = FakeGPU(times={**TIMES, own: 0.1, other: 0.5})
+        assert tuning.choose("fxflash_region", "src", [*CANDIDATES, own], [torch.bfloat16], "GPU",
+                             FRAME, gpu.run, gpu) == own
+        for forget in (False, True):   # this process's choice, then tuning.json's
+            if forget:
+                tuning.forget()
+            assert tuning.choose("fxflash_region", "src", [*CANDIDATES, other], [torch.bfloat16], "GPU",
+                                 FRAME, gpu.run, gpu) == (128, 128, 8, 3)
+    assert "PyTorch" in tuning.describe(tuning.EAGER) and "Inductor" in tuning.describe(tuning.COMPILED)
 
 
 @pytest.mark.fusion_independent

@@ -57,7 +57,8 @@ def main() -> None:
           "; tuning", tuned)
     from torch._dynamo.utils import counters
 
-    print("inductor counters", {k: v for k, v in counters["inductor"].items() if "cache" in k})
+    print("inductor counters", {k: v for k, v in counters["inductor"].items() if "cache" in k},
+          "aot_autograd", dict(counters["aot_autograd"]))
     if options.phases:
         print(torch._dynamo.utils.compile_times(repr="str"))
     if profile:

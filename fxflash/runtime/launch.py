@@ -44,12 +44,13 @@ def _device_label(index) -> str:
     return f"{torch.cuda.get_device_name(index)} sm{major}{minor}"
 
 
-def tile_for(plan: KernelPlan, inputs: list, frame: list, run, eager: bool = False) -> tuple:
+def tile_for(plan: KernelPlan, inputs: list, frame: list, run, own: tuple | None = None) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this launch, or a Gluon configuration
-    (gluon.GLUON_CONFIGS), or ``tuning.EAGER``: a tile pinned by ``tuning.pinned``; else 16×16
+    (gluon.GLUON_CONFIGS), or ``own``: a tile pinned by ``tuning.pinned``; else 16×16
     tiles in the interpreter; on a GPU the tuned choice for this size bucket among the ``tl``
-    kernel's tiles, the Gluon configurations this launch can use and, with ``eager`` (the
-    caller can run the region's own ops), those ops themselves (tuning.choose)."""
+    kernel's tiles, the Gluon configurations this launch can use and ``own`` (``tuning.EAGER``
+    or ``COMPILED``: the caller can run the region's own ops so), those ops themselves
+    (tuning.choose)."""
     device = inputs[0].device
     pinned = tuning.pinned_tile()
     if pinned is not None:
@@ -58,7 +59,7 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run, eager: bool = Fal
         return INTERPRETER_TILE
     gluon = gluon_launch.candidates(plan.gluon, inputs, frame)
     source = plan.source + (plan.gluon.source if gluon else "")  # a choice is keyed by every kernel timed
-    own_ops = [tuning.EAGER] if eager and config.time_eager and _eager_fits(frame, device) else []
+    own_ops = [own] if own is not None and config.time_eager and _eager_fits(frame, device) else []
     return tuning.choose(plan.name, source, [*plan.configs, *gluon, *own_ops], [t.dtype for t in inputs],
                          _device_label(device.index),
                          frame, run, capturing=torch.cuda.is_current_stream_capturing(),
@@ -402,14 +403,14 @@ class Launcher:
         return compiled, grid, args
 
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None,
-                 own_ops=None) -> list:
+                 own_ops=None, own: tuple = tuning.EAGER) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
         ``frame`` = [*batch, M, N], ``out_shapes`` the shapes of the result and of the row
         values stored beside it; ``views``: for each input, the view chain folded into the call
         (``replay_views``; a bound launch reads the bases, which share the views' pointers).
-        ``own_ops()``: the region's own ops on these inputs, timed beside the kernel's tiles and
-        run instead of it where the tuner found them faster (tuning.EAGER). Returns [result,
-        *row values]."""
+        ``own_ops()``: the region's own ops on these inputs, run as ``own`` says (tuning.EAGER or
+        COMPILED), timed beside the kernel's tiles and run instead of it where the tuner found
+        them faster. Returns [result, *row values]."""
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
         # the op's last sizes are the symbolic integers the kernel reads (KernelPlan.sym_nodes)
         symints = self.plan.symints(sizes)
@@ -418,7 +419,7 @@ class Launcher:
         if bound is not None:
             bound.launch(out, inputs, sides)
         elif self.first_launch(key, replay_views(inputs, views), frame, out, sides, views, symints,
-                               own_ops) == tuning.EAGER:
+                               own_ops, own) in tuning.OWN_OPS:
             # in the layout the op's fake results promised (a compiler downstream relies on it)
             return [r if r.stride() == a.stride() else a.copy_(r) for r, a in zip(own_ops(), [out, *sides])]
         return [out, *sides]
@@ -436,9 +437,10 @@ class Launcher:
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
-    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None):
+    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None,
+                     own: tuple = tuning.EAGER):
         """Choose the tile (tuning), launch it and remember the launch for ``key``; returns the
-        tile, ``tuning.EAGER`` without launching anything where the region's own ops won."""
+        tile, ``own`` without launching anything where the region's own ops won."""
         plan, kernel = self.plan, self.kernel
         batch = math.prod(frame[:-2])
         dims = block_dims_of(plan)
@@ -446,7 +448,7 @@ class Launcher:
         timed = {}  # tile → its bound launch: the tuner's later launches of a tile (key given)
 
         def run(tile):
-            if tile == tuning.EAGER:
+            if tile in tuning.OWN_OPS:
                 own_ops()
                 return
             if tile in timed:
@@ -471,8 +473,8 @@ class Launcher:
                 timed[tile] = bound
 
         with stage("tuning"):
-            tile = tile_for(plan, inputs, frame, run, eager=own_ops is not None)
-        if tile == tuning.EAGER:
+            tile = tile_for(plan, inputs, frame, run, own if own_ops is not None else None)
+        if tile in tuning.OWN_OPS:
             return tile
         run(tile)
         if key is None or torch.cuda.is_current_stream_capturing():

@@ -16,9 +16,10 @@ region's own subgraph with eager autograd.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-import itertools
+import hashlib
 import threading
 import weakref
 
@@ -27,6 +28,7 @@ import torch.fx as fx
 
 from ..internal import InternalError, stage, warn
 from ..codegen.emit import KernelPlan
+from . import tuning
 from .launch import Launcher, PinRefused, empty_results, replay_views
 
 
@@ -55,6 +57,10 @@ class RegisteredRegion:
     # kernel reads, or None: GQA's K and V are given before their broadcast, so that their gradients
     # are the K/V heads' own (rewrite.grouped_views; the grouped key programs sum them)
     views: tuple | None = None
+    # how the code the region replaced ran: "eager", or "inductor" (the backend's inner compiler);
+    # the tuner times the region's own ops so beside its kernels (tuning.EAGER, COMPILED)
+    replaced: str = "eager"
+    compiled: dict = dataclasses.field(init=False, default_factory=dict)  # layout → the ops compiled by Inductor
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
     # the backward's launches per layout (runtime/backward._layout_key → its _Bound steps)
@@ -74,6 +80,21 @@ class RegisteredRegion:
         """The shapes of the training forward's results after the region's own (``training_outputs``)."""
         *rows, _ = frame
         return [[*rows, self.plan.dv] if name == "o" else rows for name in self.plan.training.training_outputs]
+
+    def own_ops(self, own: tuple, args: list) -> list:
+        """The region's own ops on ``args`` (inputs, then extras), run as ``own`` says: by PyTorch,
+        or compiled by Inductor as the graph would have compiled them (once per layout of
+        ``args``; run by PyTorch while a CUDA graph is captured, where a first compilation could
+        not run Inductor's own tuning)."""
+        if own != tuning.COMPILED or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return self.reference(*args)
+        key = tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            from torch._inductor import compile as inductor_compile
+
+            compiled = self.compiled[key] = inductor_compile(self.reference, list(args))
+        return compiled(*args)
 
     def split(self, sizes):
         """(frame sizes, [shape of each output], extra integer sizes) from ``sizes``."""
@@ -101,9 +122,9 @@ class RegisteredRegion:
                     if statistics:  # no eager candidate: the region's own ops give no statistics
                         return self.training_launcher(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)],
                                                       views)
-                    return self.launcher(inputs, sizes, frame, shapes, views,
-                                         own_ops=lambda: self.reference(*replay_views(inputs, views),
-                                                                        *self.extras(sizes, scalars)))
+                    own = tuning.COMPILED if self.replaced == "inductor" else tuning.EAGER
+                    return self.launcher(inputs, sizes, frame, shapes, views, own=own, own_ops=lambda: self.own_ops(
+                        own, [*replay_views(inputs, views), *self.extras(sizes, scalars)]))
             except InternalError as exc:  # this region runs as eager from now on
                 self.failed = exc
                 warn(exc, "this region runs as eager PyTorch from now on")
@@ -136,14 +157,39 @@ def then_views(first, then) -> tuple | None:
 # the graph for its cache.)
 _REGISTRY: weakref.WeakValueDictionary[str, RegisteredRegion] = weakref.WeakValueDictionary()
 owned: weakref.WeakKeyDictionary[fx.GraphModule, list] = weakref.WeakKeyDictionary()
-_ids = itertools.count()
+_counts: collections.Counter = collections.Counter()  # registrations per content digest
 _lock = threading.Lock()
 
 
+def content_key(entry: RegisteredRegion) -> str:
+    """A digest of everything a region's behaviour depends on: its kernels' sources, the ops it
+    replaces, its results' ranks, its inputs' views, and the settings read when a compiler traces
+    its call."""
+    from ..config import config, interpreting
+
+    plan = entry.plan
+    parts = [plan.source, plan.training.source if plan.training else "",
+             plan.backward.source if plan.backward else "", plan.gluon.source if plan.gluon else "",
+             entry.reference.code, *(sub.module.code + repr((sub.extras, sub.inputs))
+                                     for sub in [entry.epilogue, *entry.computed.values()] if sub is not None),
+             repr((sorted(entry.computed), entry.out_ranks, entry.extra_is_float, entry.views, plan.args,
+                   plan.out_dtype, plan.side_dtypes, plan.training_outputs, plan.configs, plan.index_bound,
+                   plan.summaries, plan.dv_split, plan.flags, plan.repair_args,
+                   config.forward_statistics, config.fused_backward, interpreting()))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
 def register(entry: RegisteredRegion, owner: fx.GraphModule) -> str:
-    """Register ``entry`` for the graph ``owner`` that calls it; the key its call names."""
+    """Register ``entry`` for the graph ``owner`` that calls it; the key its call names: the
+    region's ``content_key`` and how many regions with that digest this process registered before.
+    So a process that compiles the same graphs in the same order names their regions as another
+    did, and a graph that Inductor's caches reload from that process calls the regions it was
+    compiled with (AOTAutogradCache keys the graph, key strings included); regions that differ
+    never share a key."""
+    digest = content_key(entry)
     with _lock:
-        key = f"{entry.plan.name}#{next(_ids)}"
+        key = f"{entry.plan.name}-{digest}#{_counts[digest]}"
+        _counts[digest] += 1
         _REGISTRY[key] = entry
         owned.setdefault(owner, []).append(entry)
     return key
@@ -194,6 +240,16 @@ def training_call(key: str, inputs: list, sizes: list, scalars: list) -> list:
     statistics = _keeps_statistics(key, inputs)
     results = region(key, inputs, sizes, scalars, statistics)
     return results[:len(results) - len(registered(key).plan.training.training_outputs)] if statistics else results
+
+
+# ``training_call`` as an op of its own (``fxflash::region_call``), for the graphs handed to
+# Inductor: composite, so that AOTAutograd's trace runs the function above, and an operator, which
+# AOTAutogradCache accepts (it refuses a graph calling a Python function). What the function decides
+# while traced is in the region's key (``content_key``), so a graph reloaded from that cache decided
+# as a new trace would.
+_library = torch.library.Library("fxflash", "FRAGMENT")
+_library.define("region_call(str key, Tensor[] inputs, SymInt[] sizes, float[] scalars) -> Tensor[]")
+_library.impl("region_call", training_call, "CompositeImplicitAutograd")
 
 
 def call_region(key: str, inputs: list, sizes: list, scalars: list, views=None) -> list:

@@ -11,7 +11,7 @@ from ..patterns.region import FusionRefused, Region
 from ..codegen.emit import KernelPlan
 from .launch import FOLDED_VIEWS
 from ..tile.backward import attention_output
-from .op import RegisteredRegion, Subgraph, call_region, owned, register, registered, training_call
+from .op import RegisteredRegion, Subgraph, call_region, owned, register, registered
 
 
 def copy_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict]:
@@ -98,13 +98,14 @@ def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def with_training_calls(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose region calls go through ``training_call``, for a compiler that traces
-    the graph with autograd (Inductor's AOTAutograd): where a call's backward is the fused one, the
-    trace records the training forward, which stores the row statistics that backward reads."""
+    """A copy of ``gm`` whose region calls go through ``training_call`` (as ``fxflash::region_call``),
+    for a compiler that traces the graph with autograd (Inductor's AOTAutograd): where a call's
+    backward is the fused one, the trace records the training forward, which stores the row
+    statistics that backward reads."""
     copy, _ = copy_graph(gm)
     for node in copy.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
-            node.target, node.args = training_call, node.args[:4]
+            node.target, node.args = torch.ops.fxflash.region_call.default, node.args[:4]
     copy.recompile()
     return copy
 

@@ -77,9 +77,13 @@ REST_MS, SETTLE_MS, MEASURE_MS = 200, 250, 100   # a contender's rest, sustained
 MAX_SETTLE_LAUNCHES, MAX_MEASURED_LAUNCHES = 1000, 200
 
 Tile = tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
-# The candidate that runs the region's own ops (its eager reference) instead of a kernel: timed
-# beside the kernel's tiles, so that a region whose best kernel loses keeps the user's code.
+# The candidates that run the region's own ops instead of a kernel, timed beside the kernel's
+# tiles, so that a region whose best kernel loses keeps the code it replaced: EAGER, the ops run
+# by PyTorch; COMPILED, the ops as Inductor compiles them, where the graph's inner compiler is
+# Inductor (the code the region replaced there).
 EAGER: Tile = ("eager",)
+COMPILED: Tile = ("inductor",)
+OWN_OPS = (EAGER, COMPILED)
 
 _lock = threading.Lock()
 _chosen: dict[str, Tile] = {}     # key → configuration, this process
@@ -127,6 +131,8 @@ def tile_of(label: str) -> Tile:
 def describe(tile: Tile) -> str:
     if tile == EAGER:
         return "the region's own ops, run by PyTorch (every kernel was slower)"
+    if tile == COMPILED:
+        return "the region's own ops, compiled by Inductor (every kernel was slower)"
     if tile[0] == "gluon":  # gluon.GLUON_CONFIGS
         t = gluon_tile(tile)
         groups = (f"{t.consumers} consumer warp group{'s' if t.consumers > 1 else ''}"
@@ -246,12 +252,12 @@ def _stored_tile(key: str, candidates) -> Tile | None:
 
 def own_ops_kept(sources) -> list[str]:
     """The size buckets (``batch×M×N``, rounded up to powers of two) at which the tuner kept the
-    region's own ops (EAGER) for a kernel printed as one of ``sources``, in this process or in
-    tuning.json: for explain()."""
+    region's own ops (EAGER or COMPILED) for a kernel printed as one of ``sources``, in this
+    process or in tuning.json: for explain()."""
     hashes = {_source_hash(source) for source in sources}
     stored = {key: _valid_tile(entry.get("config")) for key, entry in _read_disk().items() if isinstance(entry, dict)}
     return sorted({key.rsplit("|", 1)[-1] for key, tile in {**stored, **_chosen}.items()
-                   if tile == EAGER and key.split("|", 1)[0] in hashes})
+                   if tile in OWN_OPS and key.split("|", 1)[0] in hashes})
 
 
 @contextlib.contextmanager
@@ -367,7 +373,7 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
     candidates = [tuple(c) for c in candidates]
     key = tuning_key(source, dtypes, device, frame)
     tile = _chosen.get(key)
-    if tile is not None and (tile != EAGER or EAGER in candidates):  # not EAGER to a caller without it
+    if tile is not None and (tile not in OWN_OPS or tile in candidates):  # own ops only to a caller that has them
         return tile
     if not config.autotune or capturing or len(candidates) == 1:
         return candidates[0]
@@ -390,11 +396,16 @@ def _compile_all(candidates, run, device_index) -> int:
         with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
             run(tile)
 
-    candidates = [tile for tile in candidates if tile != EAGER]  # nothing to compile
-    compiled = (precompile.compile_all([functools.partial(first_launch, tile) for tile in candidates])
-                if config.precompile else 0)
+    # EAGER: nothing to compile; COMPILED: Inductor compiles it at its first run, in a thread of
+    # its own started first, while the workers compile the kernels (its compilation is kept out of
+    # its timing)
+    candidates = [tile for tile in candidates if tile != EAGER]
+    kernels = [tile for tile in candidates if tile != COMPILED]
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:
-        for future in [pool.submit(first_launch, tile) for tile in candidates]:
+        futures = [pool.submit(first_launch, tile) for tile in candidates if tile == COMPILED]
+        compiled = (precompile.compile_all([functools.partial(first_launch, tile) for tile in kernels])
+                    if config.precompile else 0)
+        for future in futures + [pool.submit(first_launch, tile) for tile in kernels]:
             with contextlib.suppress(Exception):
                 future.result()
     return compiled
