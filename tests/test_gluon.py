@@ -589,10 +589,10 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
 @pytest.mark.fusion_independent
 @pytest.mark.parametrize("spelling", ["causal", "where", "additive", "additive_minus_inf"])
 def test_only_masks_that_need_no_run_time_check_skip_tiles_in_the_gluon_kernel(spelling):
-    """A ``-inf`` mask skips tiles in the Gluon kernel as in the Triton one; a ``finfo.min`` mask or an
-    additive one skips only with the Triton kernel's checks (rows whose maximum is not above the
-    threshold, the bound on the scores added to), which the Gluon kernel does not make: it visits
-    their tiles (a dense plan)."""
+    """A ``-inf`` mask skips tiles in the Gluon kernel as in the Triton one, an additive one too (under
+    the launch's bound on the scores added to, in the tile range both share); a ``finfo.min`` mask
+    skips only with the Triton kernel's row checks (rows whose maximum is not above the threshold),
+    which the Gluon kernel does not make: it visits their tiles (a dense plan)."""
     from test_sparsity import _additive_minus_inf, _finite_fill
 
     fn = {"causal": VARIANTS["causal"].fn, "additive_minus_inf": _additive_minus_inf}.get(spelling)
@@ -602,4 +602,4 @@ def test_only_masks_that_need_no_run_time_check_skip_tiles_in_the_gluon_kernel(s
         fn, args = _finite_fill(spelling), (q, k, v, torch.ones(1, 48, dtype=torch.bool))
     region, kinds = region_and_kinds(fn, *args)
     assert region.tile_masks
-    assert emit_gluon(region, kinds).dense == (spelling != "causal")
+    assert emit_gluon(region, kinds).dense == (spelling not in ("causal", "additive_minus_inf"))

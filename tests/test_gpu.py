@@ -13,8 +13,8 @@ from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate, assert_gradients_accurate
 from test_fused import FUSED_VARIANTS
 from test_fused_backward import FUSED as FUSED_BACKWARD
-from test_sparsity import (COMBINE, MASKS, _finite_fill, _padded_program, _padding_args, _program,
-                           _skipping_changes_nothing, runs)
+from test_sparsity import (COMBINE, MASKS, _additive_minus_inf, _additive_minus_inf_window, _finite_fill,
+                           _padded_program, _padding_args, _program, _skipping_changes_nothing, runs)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -416,6 +416,25 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
 
 
 @needs_hopper
+@pytest.mark.parametrize("fn", [_additive_minus_inf, _additive_minus_inf_window], ids=["causal", "window"])
+@pytest.mark.parametrize("tile", GLUON_CONFIGS[64][:2], ids=lambda x: "x".join(map(str, x[1:])))
+def test_gluon_kernel_skips_by_additive_minus_inf_masks_under_their_bound_on_gpu(fn, tile):
+    """An additive ``-inf`` mask's tiles are skipped by the Gluon kernel too, while the launch's
+    bound on the scores holds (``skip_bound``); where it fails (scores of ``+inf``), every tile is
+    visited and the NaNs are eager's."""
+    args = VARIANTS["vanilla"].inputs(Shape(B=2, H=4, Hkv=4, M=1000, N=1024, D=64, Dv=64), torch.bfloat16, "cuda")
+    (region,) = fxflash.explain(fn, *args).regions
+    assert "skip_bound" in region.gluon_source
+    fast = fxflash.optimize(fn)
+    assert_accurate(fn, args, _pinned_call(fast, args, tile))
+    q, k, v = args
+    q[0, 0, :, 0], k[0, 0, -1, 0] = 1e20, 1e20
+    out, eager = _pinned_call(fast, args, tile), fn(*args)
+    assert eager.isnan().any() and torch.equal(out.isnan(), eager.isnan())
+    assert_accurate(fn, tuple(a[1:] for a in args), out[1:])   # the batch without infinite scores
+
+
+@needs_hopper
 @pytest.mark.parametrize("tile", GLUON_CONFIGS[64], ids=lambda x: "x".join(map(str, x[1:])))
 def test_gluon_kernel_of_an_sdpa_call_gives_zero_for_rows_every_key_masks(tile):
     """The safe softmax of an SDPA call's math form in the Gluon kernel: rows whose every key is
@@ -678,7 +697,7 @@ def test_a_gluon_launch_is_remembered_and_repeats_the_first_bit_for_bit(name, ti
     from fxflash.runtime.op import _REGISTRY
 
     monkeypatch.setattr(fxflash.config, "bind_gluon_launches", True)
-    monkeypatch.setattr(launch, "tile_for", lambda plan, inputs, frame, run: tile)
+    monkeypatch.setattr(launch, "tile_for", lambda plan, inputs, frame, run, own=None: tile)
     monkeypatch.setattr(gluon_launch, "_multiprocessors", lambda index: 3)
     variant = VARIANTS[name]
     args = variant.inputs(GLUON_SHAPES[64], torch.bfloat16, "cuda")

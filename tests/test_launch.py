@@ -163,7 +163,7 @@ def test_the_tuner_times_bound_launches_after_each_tiles_first(recorded, monkeyp
     fast, args, kernel = recorded
     first, second = (16, 16, 4, 1), (32, 16, 4, 1)
 
-    def tuner(plan, inputs, frame, run, eager=False):
+    def tuner(plan, inputs, frame, run, own=None):
         for tile in (first, second, first, second, first):
             run(tile)
         return second

@@ -374,21 +374,44 @@ def test_an_additive_minus_inf_triangle_skips_tiles(dtype):
     args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16), dtype)
     report, skipped = _skipping_changes_nothing(_additive_minus_inf, args)
     (region,) = report.regions
-    assert SCAN in region.source and "fill_bound" in region.source
+    assert SCAN in region.source and "skip_bound" in region.source and "fill_bound" not in region.source
     assert any("block sparsity" in step and "triu" in step for step in region.steps), region.steps
     assert_accurate(_additive_minus_inf, args, skipped)
 
 
+def _additive_minus_inf_window(q, k, v):
+    """A sliding window as a sum of two ``-inf`` triangles: ``full.triu(1) + full.tril(-8)``."""
+    full = torch.full((q.size(-2), k.size(-2)), float("-inf"), dtype=q.dtype, device=q.device)
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + (full.triu(1) + full.tril(-8)), dim=-1) @ v
+
+
+def test_a_sum_of_additive_minus_inf_triangles_skips_the_tiles_each_masks():
+    """``s + (A + B)``, A and B ``-inf`` wherever their triangles mask: ``-inf`` where either does,
+    so a tile either masks everywhere is skipped (both triangles are tile masks), bit for bit the
+    kernel that visits every tile; a score of ``+inf`` under the window is NaN, as in eager."""
+    args = VARIANTS["vanilla"].inputs(Shape(B=1, H=2, Hkv=2, M=64, N=64, D=16, Dv=16))
+    report, skipped = _skipping_changes_nothing(_additive_minus_inf_window, args)
+    (region,) = report.regions
+    masks = [step for step in region.steps if step.startswith("block sparsity")]
+    assert len(masks) == 2 and "triu" in masks[0] and "tril" in masks[1], masks
+    assert_accurate(_additive_minus_inf_window, args, skipped)
+    q, k, v = args
+    q[0, 0, :, 0], k[0, 0, -1, 0] = 1e20, 1e20   # key 63: in the window of the last rows alone
+    out, eager = fxflash.optimize(_additive_minus_inf_window)(*args), _additive_minus_inf_window(*args)
+    assert eager.isnan().any() and torch.equal(out.isnan(), eager.isnan())
+    torch.testing.assert_close(out[~eager.isnan()], eager[~eager.isnan()])
+
+
 def test_an_infinite_score_under_an_additive_minus_inf_mask_is_eagers_nan():
     """fp32 scores of ``1e40`` overflow to ``+inf``, and ``+inf + (-inf)`` is NaN in eager even where the
-    mask masks: the bound on the scores is infinite, so every row is computed again over every key,
-    and the NaN rows are eager's."""
-    # the last key: masked for every row but the last, which the repair kernel's 64-row tile 1 holds
+    mask masks: the bound on the scores is infinite, so every tile is visited, masked, and the NaN
+    rows are eager's."""
+    # the last key: masked for every row but the last
     q, k, v = VARIANTS["vanilla"].inputs(Shape(B=1, H=1, Hkv=1, M=128, N=128, D=16, Dv=16))
     q[0, 0, :, 0], k[0, 0, -1, 0] = 1e20, 1e20
     args = (q, k, v)
     (region,) = fxflash.explain(_additive_minus_inf, *args).regions
-    assert region.fused and "fill_bound" in region.source
+    assert region.fused and "skip_bound" in region.source
     out, eager = fxflash.optimize(_additive_minus_inf)(*args), _additive_minus_inf(*args)
     assert eager.isnan().any() and torch.equal(out.isnan(), eager.isnan())
     torch.testing.assert_close(out[~eager.isnan()], eager[~eager.isnan()])

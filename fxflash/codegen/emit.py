@@ -1184,6 +1184,27 @@ class _Printer:
         out.append(f"hi_t = {L.maximum}(hi_t, lo_t)")
         if self.full_proved:
             out += full_run_finish(self.L)
+        return out + self.bounded_skips()
+
+    def bounded_skips(self) -> list[str]:
+        """Lines that keep the tile range only where every additive ``-inf`` mask's bound holds
+        (``TileMask.bounded``): the scores it is added to are at most ``addend`` of
+        ``D · max|Q| · max|K|`` (the launch's summaries of the whole Q and K, with 1/64 of slack
+        for the roundings), below ``addend_below``, so none is ``+inf``. Where a bound fails,
+        every tile is visited with the masks evaluated, and a ``+inf + -inf`` is eager's NaN."""
+        L = self.L
+        masks = [m for m in self.r.tile_masks if m.bounded]
+        if not masks:
+            return []
+        out = [f"skip_dot = {float(self.r.D)!r} * {self.operand_max('q', whole=True)} * {self.operand_max('k')} "
+               "* 1.015625"]
+        for j, m in enumerate(masks):
+            out.append(f"skip_bound{j} = {m.addend.dot!r} * skip_dot + {m.addend.const!r}")
+        holds = " & ".join(f"(skip_bound{j} + {L.abs}(skip_bound{j}) * 0.015625 + 1.0 < {m.addend_below!r})"
+                           for j, m in enumerate(masks))
+        out += [f"skips = {holds}", f"lo_t = {L.where}(skips, lo_t, 0)", f"hi_t = {L.where}(skips, hi_t, n_tiles)"]
+        if self.full_proved:
+            out += [f"f_lo = {L.where}(skips, f_lo, 0)", f"f_hi = {L.where}(skips, f_hi, 0)"]
         return out
 
     def tile_tests(self):
@@ -1260,7 +1281,7 @@ class _Printer:
         that compute them go right after the output's, which they may replace (``uniform_mask``)."""
         L = self.L
         finite = [m for m in self.r.tile_masks if m.threshold is not None]
-        additive = [m for m in self.r.tile_masks if m.addend is not None]
+        additive = [m for m in finite if m.addend is not None]
         if not finite and not additive:
             return []
         if finite:  # rows that may need a skipped tile
@@ -1308,15 +1329,17 @@ class _Printer:
             return None
         return mask
 
-    def operand_max(self, label: str) -> str:
-        """The largest magnitude of the Q tile (this program's rows) or of the whole K (a scalar
-        the launch computes), as the score contraction reads them (_scaled)."""
+    def operand_max(self, label: str, whole: bool = False) -> str:
+        """The largest magnitude of the Q tile (this program's rows; with ``whole``, of the whole
+        Q) or of the whole K (a scalar the launch computes), as the score contraction reads them
+        (_scaled)."""
         L = self.L
-        if label == "q":
+        if label == "q" and not whole:
             return functools.reduce(lambda a, b: f"{L.maximum}({a}, {b})",
                                     [f"{L.max}({L.abs}(q{self.sfx(st)}.to({L.float32})))" for st in self.streams])
-        code = f"{L.load}({self.summary_param(self.r.k.node, 'absmax')}).to({L.float32})"
-        for op, c in self.r.k.scale:
+        operand = self.r.q if label == "q" else self.r.k
+        code = f"{L.load}({self.summary_param(operand.node, 'absmax')}).to({L.float32})"
+        for op, c in operand.scale:
             code += f" * {abs(float(c)) if op == 'mul' else 1.0 / abs(float(c))!r}"
         return code
 

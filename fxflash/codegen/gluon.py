@@ -584,8 +584,9 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     printer for the score DAG and the tile range, with the kernel settings ``options``
     (``config``'s now where None); with ``statistics``, each consumer also stores its rows'
     ``m`` and ``1/l`` (STATISTICS_STORE). Raises Unprintable for an op without a Gluon form."""
-    # a mask that skips tiles only with emit's checks (a finite fill, an additive mask: TileMask.checked),
-    # which this kernel does not make: its tiles are visited, masked
+    # a mask that skips tiles only with emit's row checks (a finite fill: TileMask.checked), which
+    # this kernel does not make: its tiles are visited, masked (an additive -inf mask's bound is in
+    # the tile range, which this kernel shares)
     r = dataclasses.replace(region, tile_masks=[m for m in region.tile_masks if not m.checked])
     sm = softmax_of(r)
     options = options or kernel_options()

@@ -4,7 +4,8 @@ A key tile may be skipped when every score of it is masked and everything the re
 accumulates over N is scaled by ``E(x - m)`` with ``x`` those scores: then the tile leaves
 the running maximum unchanged and adds exactly zero to every sum and to ``P·V``. The scores
 are masked on a tile when ``x = where(c, s, fill)`` (or ``where(c, fill, s)``), or ``x = s +
-where(c, 0, fill)``, possibly through float casts and further masks of those forms, and the
+where(c, 0, fill)`` (or ``s`` plus a sum of such terms whose fills are ``-inf``), possibly through
+float casts and further masks of those forms, and the
 condition ``c`` — an index expression, or one over integer tensors such as document ids — is
 false (true) everywhere on the tile, which codegen decides per tile by interval arithmetic over
 the tile's index ranges and per-tile min/max of the tensors read
@@ -85,9 +86,16 @@ class TileMask:
 
     @property
     def checked(self) -> bool:
-        """Does skipping by this mask need the kernel's checks at run time (a finite fill's rows, an
-        additive mask's bound)? Only emit's Triton kernel makes them."""
-        return self.threshold is not None or self.addend is not None
+        """Does skipping by this mask need the kernel's row checks at run time (a finite fill's
+        rows, and an additive one's bound)? Only emit's Triton kernel makes them."""
+        return self.threshold is not None
+
+    @property
+    def bounded(self) -> bool:
+        """An additive ``-inf`` mask: it skips tiles only while the launch's bound on the scores it
+        is added to rules out ``+inf`` (whose sum with ``-inf`` is eager's NaN); the tile range
+        checks it (emit's ``bounded_skips``), and where it fails every tile is visited, masked."""
+        return self.addend is not None and self.threshold is None
 
 
 def _exact_below(fill: float, dtype: torch.dtype, additive: bool) -> float:
@@ -195,20 +203,29 @@ def score_bound(node, frame: fx.Node, limit: float) -> tuple[Affine, Affine] | N
     return None
 
 
-def _mask_of(node, kinds: dict, region_nodes: set):
-    """``(condition, masked_when, fill)`` of ``where(c, 0, fill)`` / ``where(c, fill, 0)``
-    through float casts (an additive mask's values), or None."""
+def _masks_of(node, kinds: dict, region_nodes: set) -> list | None:
+    """``[(condition, masked_when, fill)]`` of an additive mask's values: ``where(c, 0, fill)`` /
+    ``where(c, fill, 0)`` through float casts, or a sum of such masks whose fills are all
+    ``-inf`` (``-inf`` wherever one of them masks, as ``full(-inf).triu(1) + full(-inf).tril(-w)``
+    spells a window: a tile any of them masks everywhere is masked everywhere); None otherwise."""
     while _is_float_cast(node):
         node = node.args[0]
-    if not (isinstance(node, fx.Node) and node.op == "call_function" and packet(node.target) is aten.where):
+    if not (isinstance(node, fx.Node) and node.op == "call_function"):
+        return None
+    if packet(node.target) is aten.add and len(node.args) == 2 and "alpha" not in node.kwargs:
+        parts = [_masks_of(a, kinds, region_nodes) for a in node.args]
+        if any(p is None for p in parts) or any(fill != -math.inf for p in parts for _, _, fill in p):
+            return None
+        return parts[0] + parts[1]
+    if packet(node.target) is not aten.where:
         return None
     cond, a, b = node.args
     if not (isinstance(cond, fx.Node) and _is_mask_expression(cond, kinds, region_nodes)):
         return None
     if constant_value(a, None) == 0 and _fill(b, node) is not None:
-        return cond, False, _fill(b, node)
+        return [(cond, False, _fill(b, node))]
     if constant_value(b, None) == 0 and _fill(a, node) is not None:
-        return cond, True, _fill(a, node)
+        return [(cond, True, _fill(a, node))]
     return None
 
 
@@ -241,17 +258,18 @@ def skippable_masks(region, kinds: dict) -> list[TileMask]:
             # s + where(c, 0, F): skipped scores s + F, bounded through s's ops (for F = -inf, the
             # bound rules out a +inf score, whose sum with -inf is NaN in eager)
             for s, m in (node.args, reversed(node.args)):
-                mask = _mask_of(m, kinds, nodes)
-                if mask is not None and not region.partners and kept_through_casts(mask[2]):
-                    dtype = node.meta["val"].dtype
-                    if math.isfinite(mask[2]):
-                        below, exact = abs(mask[2]) / 4, _exact_below(mask[2], dtype, True)
+                found = _masks_of(m, kinds, nodes)
+                if found and not region.partners and all(kept_through_casts(fill) for _, _, fill in found):
+                    dtype, fill = node.meta["val"].dtype, found[0][2]   # several: all -inf
+                    if math.isfinite(fill):
+                        below, exact = abs(fill) / 4, _exact_below(fill, dtype, True)
                     else:
                         below = min(torch.finfo(d).max for d in (dtype, region.frame.meta["val"].dtype)) / 4
                         exact = None
                     bound = score_bound(s, region.frame, 4 * below)
                     if bound is not None:
-                        masks.append(TileMask(*mask, addend=bound[0], addend_below=below, exact_below=exact))
+                        masks += [TileMask(*mask, addend=bound[0], addend_below=below, exact_below=exact)
+                                  for mask in found]
                         node = s
                         break
             else:

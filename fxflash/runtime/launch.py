@@ -289,8 +289,7 @@ class BoundGluonLaunch:
     As ``BoundLaunch``, it keeps the arguments that the key fixes (sizes, strides) from its first
     launch and fills in the tensors at each call, the inputs before their folded views (a view
     of FOLDED_VIEWS has its base's data pointer, and the descriptors and strides were taken from
-    the views once). A plan with tile summaries takes its views and every argument at each call
-    (a summary is taken along the view's axes)."""
+    the views once), and the summaries computed at each call (along the views' axes)."""
 
     def __init__(self, plan: KernelPlan, tile, frame, views, runner, tail: list, descs: tuple, repair, symints):
         self.plan, self.tile, self.frame, self.views, self.symints = plan, tile, frame, views, symints
@@ -322,12 +321,13 @@ class BoundGluonLaunch:
 
     def launch(self, out, inputs, sides) -> None:
         gplan = self.plan.gluon
-        if self.template is None or gplan.summaries:
+        if self.template is None:
             args = _gluon_args(gplan, self.tile, replay_views(inputs, self.views), self.frame, out, sides, self.symints)
-            if not gplan.summaries:
-                self.template = [None if spec[0] in TENSOR_KINDS else a for a, spec in zip(args, gplan.args)]
+            self.template = [None if spec[0] in TENSOR_KINDS else a for a, spec in zip(args, gplan.args)]
         else:
-            args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, ()))
+            summaries = (tile_summaries(gplan, replay_views(inputs, self.views), gluon_tile(self.tile).block_n)
+                         if gplan.summaries else ())
+            args = _filled(self.template, self.slots, LaunchValues(inputs, None, out, sides, summaries))
         tensors = [inputs[i] for i in gluon_launch.tma_inputs(gplan)] + [out] * (gplan.store is not None)
         descs = [gluon_launch.rebased(desc, t) for desc, t in zip(self.descs, tensors)]
         flags = repair_flags(self.frame, out, _gluon_streams(self.plan))
@@ -473,7 +473,7 @@ class Launcher:
                 timed[tile] = bound
 
         with stage("tuning"):
-            tile = tile_for(plan, inputs, frame, run, own if own_ops is not None else None)
+            tile = tile_for(plan, inputs, frame, run, own=own if own_ops is not None else None)
         if tile in tuning.OWN_OPS:
             return tile
         run(tile)

@@ -134,8 +134,9 @@ DERIVATIVES = {
 
 def _skipping(r: Region) -> list:
     """The tile masks a backward skips by: those whose masked scores are -inf with no check at run
-    time, where P is exactly 0 (a finite fill's row that every key masks is V's average, not 0)."""
-    return [m for m in r.tile_masks if not m.checked]
+    time, where P is exactly 0 (a finite fill's row that every key masks is V's average, not 0;
+    an additive mask skips only under its bound, which the backward's loops do not check)."""
+    return [m for m in r.tile_masks if not (m.checked or m.bounded)]
 
 
 def _n(a):
