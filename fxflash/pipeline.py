@@ -106,17 +106,17 @@ def _training_forward(region, kinds, plan):
 
 
 def _own_ops_line(plan) -> list[str]:
-    """What the tuner does with the region's own ops (runtime/tuning.py, EAGER, COMPILED), and where it kept
-    them: sizes at which every kernel was slower, from this process's or tuning.json's choices."""
+    """What the tuner does with the region's own ops (runtime/tuning.py, EAGER, COMPILED), and where
+    it kept them: sizes at which every kernel was slower, from this process's or tuning.json's choices."""
     from .runtime import tuning
 
     if not config.time_eager:
         return []
     sources = [plan.source] + ([plan.source + plan.gluon.source] if plan.gluon is not None else [])
     kept = tuning.own_ops_kept(sources)
+    where = f"; kept so at sizes {', '.join(kept)} (batch×M×N, rounded up)" if kept else ""
     return ["tuning: on a GPU the region's own ops (run by PyTorch, or compiled by Inductor where it compiles "
-            "the rest of the graph) are timed beside its kernels and run where every kernel is slower" + (f"; kept so at sizes {', '.join(kept)} (batch×M×N, rounded up)"
-                                              if kept else "")]
+            "the rest of the graph) are timed beside its kernels and run where every kernel is slower" + where]
 
 
 # Triton interpreters that cannot run a kernel beside a NumPy release, as

@@ -19,6 +19,7 @@ from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PE
 from fxflash.runtime.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config
+from fxflash.patterns.rules import LOG2E
 from fxflash.variants import VARIANTS, Shape
 from helpers import compile_for_hopper, needs_gluon, region_and_kinds
 
@@ -588,11 +589,11 @@ def test_tma_descriptors_read_each_operand_as_one_row_matrix():
 @needs_gluon
 @pytest.mark.fusion_independent
 @pytest.mark.parametrize("spelling", ["causal", "where", "additive", "additive_minus_inf"])
-def test_only_masks_that_need_no_run_time_check_skip_tiles_in_the_gluon_kernel(spelling):
-    """A ``-inf`` mask skips tiles in the Gluon kernel as in the Triton one, an additive one too (under
-    the launch's bound on the scores added to, in the tile range both share); a ``finfo.min`` mask
-    skips only with the Triton kernel's row checks (rows whose maximum is not above the threshold),
-    which the Gluon kernel does not make: it visits their tiles (a dense plan)."""
+def test_every_tile_mask_skips_tiles_in_the_gluon_kernel(spelling):
+    """Every tile mask skips tiles in the Gluon kernel as in the Triton one: an additive one under
+    the launch's bound on the scores added to (the tile range both share), a ``finfo.min`` one with
+    its rows whose maximum is not above ``-T`` flagged for the repair kernel (``m`` is in log2
+    units: the threshold times log2 e)."""
     from test_sparsity import _additive_minus_inf, _finite_fill
 
     fn = {"causal": VARIANTS["causal"].fn, "additive_minus_inf": _additive_minus_inf}.get(spelling)
@@ -602,4 +603,7 @@ def test_only_masks_that_need_no_run_time_check_skip_tiles_in_the_gluon_kernel(s
         fn, args = _finite_fill(spelling), (q, k, v, torch.ones(1, 48, dtype=torch.bool))
     region, kinds = region_and_kinds(fn, *args)
     assert region.tile_masks
-    assert emit_gluon(region, kinds).dense == (spelling not in ("causal", "additive_minus_inf"))
+    gplan = emit_gluon(region, kinds)
+    assert not gplan.dense
+    threshold = min(m.threshold for m in region.tile_masks) if spelling in ("where", "additive") else None
+    assert (f"~(m > {-threshold * LOG2E!r})" in gplan.source) if threshold else "~(m > " not in gplan.source

@@ -435,6 +435,26 @@ def test_gluon_kernel_skips_by_additive_minus_inf_masks_under_their_bound_on_gpu
 
 
 @needs_hopper
+@pytest.mark.parametrize("spelling", ["where", "masked_fill", "additive"])
+@pytest.mark.parametrize("tile", GLUON_CONFIGS[64][::2], ids=lambda x: "x".join(map(str, x[1:])))  # 3 and 2 consumers
+def test_gluon_kernel_skips_by_finite_fill_masks_and_repairs_their_rows_on_gpu(spelling, tile):
+    """transformers' ``finfo.min`` masks skip tiles in the Gluon kernel: a row whose maximum is not
+    above ``-T`` (left padding: every key masked) is flagged, and the repair kernel computes it over
+    every key, V's average as in eager."""
+    fn = _finite_fill(spelling)
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=2, H=4, Hkv=4, M=1000, N=1024, D=64, Dv=64), torch.bfloat16, "cuda")
+    padding = torch.ones(2, 1024, dtype=torch.bool, device="cuda")
+    padding[1, :300] = False
+    args = (q, k, v, padding)
+    (region,) = fxflash.explain(fn, *args).regions
+    assert "~(m > " in region.gluon_source
+    out = _pinned_call(fxflash.optimize(fn), args, tile)
+    assert_accurate(fn, args, out)
+    torch.testing.assert_close(out[1, :, :300].float(), v[1].float().mean(-2, keepdim=True).expand(-1, 300, -1),
+                               atol=2e-2, rtol=0)
+
+
+@needs_hopper
 @pytest.mark.parametrize("tile", GLUON_CONFIGS[64], ids=lambda x: "x".join(map(str, x[1:])))
 def test_gluon_kernel_of_an_sdpa_call_gives_zero_for_rows_every_key_masks(tile):
     """The safe softmax of an SDPA call's math form in the Gluon kernel: rows whose every key is

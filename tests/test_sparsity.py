@@ -240,7 +240,8 @@ def _finite_fill(spelling: str):
 def test_finite_fill_masks_skip_tiles(spelling, dtype, monkeypatch):
     """A ``finfo.min`` mask is finite: a row every key masks (left padding) averages all of them in
     eager. Its tiles are skipped all the same, and such rows are flagged and computed again
-    over every key; the additive spelling also checks its bound on the scores."""
+    over every key; the additive spelling skips only under its bound on the scores (the tile
+    range's)."""
     fn = _finite_fill(spelling)
     # the interpreter's 16×16 tiles: batch row 1's row tile 4 visits key tile 4 alone, where its
     # rows 64–69 see no key (the repair kernel's 64-row tile 1 has no other flagged row)
@@ -251,7 +252,7 @@ def test_finite_fill_masks_skip_tiles(spelling, dtype, monkeypatch):
     (region,) = fxflash.explain(fn, *args).regions
     assert region.fused and SCAN in region.source
     assert any("block sparsity" in step and "computed again over every key" in step for step in region.steps)
-    assert ("fill_bound" in region.source) == (spelling == "additive")
+    assert ("skip_bound" in region.source) == (spelling == "additive")
     # rows every key masks are V's average where every masked score is F exactly (not flagged); in
     # fp16, s − 65504 rounds to steps of 32 for these scores, so those rows are computed again
     assert "uniform" in region.source
@@ -313,16 +314,15 @@ def test_a_fill_is_read_as_the_scores_hold_it(cast_after):
 def test_a_masked_score_beyond_the_bound_is_not_skipped():
     """fp16, ``finfo.min = -65504``: a masked score of 65440 adds up to ``-64``, which outweighs the
     visible scores of ``-120``, so eager's rows are that masked key's value. The bound
-    ``D·max|q|·max|k|`` reaches the mask's threshold, so the program's rows are computed again
-    over every key and give eager's answer."""
+    ``D·max|Q|·max|K|`` reaches the mask's threshold, so every tile is visited, masked, and the
+    rows give eager's answer."""
     def masked(q, k, v):
         n = k.size(-2)
         keep = torch.arange(n)[None, :] <= torch.arange(q.size(-2))[:, None]
         bias = torch.where(keep, torch.zeros((), dtype=q.dtype), torch.scalar_tensor(-65504.0, dtype=q.dtype))
         return _softmax_of(q @ k.transpose(-1, -2) + bias) @ v
 
-    # the interpreter's 16×16 tiles: row tile 0 visits key tile 0 alone; the rows that see key 100
-    # (flagged: their maximum is beyond fp16's multiply-add range) lie in another repair tile
+    # the bound (16 · 1 · 65440 · 1.02) is beyond T = 16376: every program visits every key tile
     n, d = 128, 16
     q = torch.zeros(1, 1, n, d, dtype=torch.float16)
     q[..., 0] = 1.0  # the scores are k[:, 0]
@@ -332,7 +332,7 @@ def test_a_masked_score_beyond_the_bound_is_not_skipped():
     v = torch.randn(1, 1, n, d, generator=torch.Generator().manual_seed(0)).half()
     args = (q, k, v)
     (region,) = fxflash.explain(masked, *args).regions
-    assert region.fused and SCAN in region.source and "fill_bound" in region.source
+    assert region.fused and SCAN in region.source and "skip_bound" in region.source
     out = fxflash.optimize(masked)(*args)
     eager = masked(*args)
     torch.testing.assert_close(eager[0, 0], v[0, 0, 100:101].expand(n, -1), atol=1e-3, rtol=0)  # key 100 wins

@@ -1187,11 +1187,13 @@ class _Printer:
         return out + self.bounded_skips()
 
     def bounded_skips(self) -> list[str]:
-        """Lines that keep the tile range only where every additive ``-inf`` mask's bound holds
+        """Lines that keep the tile range only where every additive mask's bound holds
         (``TileMask.bounded``): the scores it is added to are at most ``addend`` of
         ``D · max|Q| · max|K|`` (the launch's summaries of the whole Q and K, with 1/64 of slack
-        for the roundings), below ``addend_below``, so none is ``+inf``. Where a bound fails,
-        every tile is visited with the masks evaluated, and a ``+inf + -inf`` is eager's NaN."""
+        for the roundings), below ``addend_below`` (``T`` of a finite fill, so that a skipped
+        score is below ``-3T``; for ``-inf``, so that none is ``+inf``). Where a bound fails, every
+        tile is visited with the masks evaluated, as eager computes them (a ``+inf + -inf`` is
+        eager's NaN)."""
         L = self.L
         masks = [m for m in self.r.tile_masks if m.bounded]
         if not masks:
@@ -1273,33 +1275,22 @@ class _Printer:
     def finite_fill_checks(self) -> list[str]:
         """Conditions that flag a row for the repair kernel where a tile mask with a finite fill
         ``F`` (patterns.sparsity) may have skipped a tile the row needs: the row's maximum is not
-        above ``-T`` (every score it saw masked, or none seen), or, for an additive mask (of any
-        fill), this program's bound on the scores the fill is added to reaches its
-        ``addend_below`` (``T``, or for ``-inf`` a quarter of the scores' dtype's range). The bound is
-        ``D · max|q| · max|k|`` (the whole K's largest magnitude, a scalar the launch computes),
-        with 1/64 of slack for the roundings between the contraction and the mask. The lines
-        that compute them go right after the output's, which they may replace (``uniform_mask``)."""
+        above ``-T`` (every score it saw masked, or none seen). (An additive mask's bound on the
+        scores it is added to is the tile range's: ``bounded_skips``.) The lines that compute them
+        go right after the output's, which they may replace (``uniform_mask``)."""
         L = self.L
         finite = [m for m in self.r.tile_masks if m.threshold is not None]
-        additive = [m for m in finite if m.addend is not None]
-        if not finite and not additive:
+        if not finite:
             return []
-        if finite:  # rows that may need a skipped tile
-            (scale,) = {form.scale for _, _, form in self.r.terms}
-            unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
-                                    for st in self.streams)
-        uniform = self.uniform_mask()  # one finite mask: implies ``finite``
-        lines, checks = [], []
-        if uniform is not None or additive:
-            lines.append(f"dot_bound = {float(self.r.D)!r} * {self.operand_max('q')} * {self.operand_max('k')} "
-                         "* 1.015625")
-        for j, m in enumerate(additive):
-            lines.append(f"fill_bound{j} = {m.addend.dot!r} * dot_bound + {m.addend.const!r} "
-                         f"+ {L.zeros}([BLOCK_M, 1], {L.float32})")  # per row, as the other checks
-            checks.append(f"~(fill_bound{j} + {L.abs}(fill_bound{j}) * 0.015625 + 1.0 < {m.addend_below!r})")
+        (scale,) = {form.scale for _, _, form in self.r.terms}
+        unresolved = " | ".join(f"~(acc_{self.label(scale)}{self.sfx(st)} > {-min(m.threshold for m in finite)!r})"
+                                for st in self.streams)
+        uniform = self.uniform_mask()  # one finite mask
+        lines = []
         if uniform is not None:
             # every score of a row every key masks is F: its output is the plain average of V
-            lines += [f"live_bound = {uniform.scores.dot!r} * dot_bound + {uniform.scores.const!r} "
+            lines += [f"dot_bound = {float(self.r.D)!r} * {self.operand_max('q')} * {self.operand_max('k')} * 1.015625",
+                      f"live_bound = {uniform.scores.dot!r} * dot_bound + {uniform.scores.const!r} "
                       f"+ {L.zeros}([BLOCK_M, 1], {L.float32})",
                       f"uniform = ({unresolved}) & (live_bound * 1.015625 + 1.0 < {uniform.exact_below!r})",
                       f"v_mean = {L.load}({self.summary_param(self.r.v.node, 'colsum')} + lin.to({L.int64}) * DV "
@@ -1310,10 +1301,8 @@ class _Printer:
                 lines.append(f"{L.store}({m_ptr} + lin.to({L.int64}) * M + {ROW}, "
                              f"{L.full}([BLOCK_M, 1], float('inf'), {L.float32}), mask=({ROW} < M) & uniform)")
             self.uniform = True
-        if finite:
-            checks.append(f"({unresolved}) & ~uniform" if uniform is not None else unresolved)
         self.post[self.out_at + 1:self.out_at + 1] = lines
-        return checks
+        return [f"({unresolved}) & ~uniform" if uniform is not None else unresolved]
 
     def uniform_mask(self):
         """The tile mask under which a row every key masks is computed without visiting a tile, or

@@ -584,10 +584,10 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     printer for the score DAG and the tile range, with the kernel settings ``options``
     (``config``'s now where None); with ``statistics``, each consumer also stores its rows'
     ``m`` and ``1/l`` (STATISTICS_STORE). Raises Unprintable for an op without a Gluon form."""
-    # a mask that skips tiles only with emit's row checks (a finite fill: TileMask.checked), which
-    # this kernel does not make: its tiles are visited, masked (an additive -inf mask's bound is in
-    # the tile range, which this kernel shares)
-    r = dataclasses.replace(region, tile_masks=[m for m in region.tile_masks if not m.checked])
+    # every tile mask skips here as in emit's kernel: an additive mask's bound is in the tile range
+    # both share (emit's bounded_skips); a finite fill's rows whose maximum is not above -T are
+    # flagged for the repair kernel (``fill_threshold``), which computes them over every key
+    r = region
     sm = softmax_of(r)
     options = options or kernel_options()
     pr = _GluonPrinter(r, name, options)
@@ -624,7 +624,8 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     (pre, loop, (base, c)), *others = printed
     if any(scale != c for _, _, (_, scale) in others):
         raise Unprintable("the streams' scores carry different scales")
-    k = c * (LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0)
+    unit = LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0
+    k = c * unit
     store = _output_store(pr)
     if statistics:
         if r.side_outputs or len(sm.weights) > 1 or HOMOMORPHISMS[packet(sm.exp.target)].name != "exp":
@@ -657,12 +658,16 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     # stream 0's, whose values it may share (a mask the printer computed once; the rest is dead code)
     scores.update({f"_score_{j}": (pre + loop + p + lp, b) for j, (p, lp, (b, _)) in enumerate(others, 1)
                    if (p + lp, b) != (pre + loop, base)})
+    # rows whose maximum is not above a finite fill's -T: ``m`` is the softmax input's maximum in
+    # exp2's units (times ``unit``)
+    finite = [mask.threshold for mask in r.tile_masks if mask.threshold is not None]
+    fill_threshold = -min(finite) * unit if finite and pr.skips_tiles else None
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,
                      DTYPES[r.q.node.meta["val"].dtype], pr.tiles, pr.gates,
                      _scaled("q_in", r.q, GL) if q_tile_scale(r) else [], sm.weights,
                      out_tma, check_acc=r.v.node.meta["val"].dtype is not torch.float16,
                      saturation=SATURATION_LOG2[r.q.node.meta["val"].dtype], zero_empty_rows=sm.zero_empty_rows,
-                     options=options, helpers=pr.helpers)
+                     fill_threshold=fill_threshold, options=options, helpers=pr.helpers)
     return GluonPlan(name, source, list(pr.args), list(pr.inputs), operands, tuple(pr.summaries), r.D, r.Dv,
                      dense=not pr.skips_tiles, tiles=tuple(i for i, *_ in pr.tiles),
                      vectors=tuple(i for i, _, _, vector in pr.tiles if vector),
@@ -801,7 +806,7 @@ class _StreamLines:
 
 def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, dtype, tiles=(), gates=(),
             q_scale=(), weights=(1.0,), out_tma=None, check_acc=True, saturation=SATURATION_LOG2[torch.bfloat16],
-            zero_empty_rows=False, *, options: KernelOptions, helpers: set = frozenset()) -> str:
+            zero_empty_rows=False, fill_threshold=None, *, options: KernelOptions, helpers: set = frozenset()) -> str:
     """The kernel module's source (see the module docstring for its structure); ``scores``:
     score function name → (lines, returned value), ``_score_1`` stream 1's where it differs;
     ``store``: the epilogue's lines after ``out`` (_output_store); ``tiles`` and ``gates``: the
@@ -877,6 +882,7 @@ def _module(name, fb, params, score_params, scores, k, rows, tile_range, store, 
         items=" * ".join(["gl.cdiv(M, BLOCK_M)", *(f"FB{i}" for i in range(fb))]),
         tile_range=body("    " + line for line in tile_range), dtype=dtype, consumers=consumers,
         flt_max=FLT_MAX, saturation=repr(saturation), flag_streams=streams.count, check_acc=check_acc,
+        fill_check="" if fill_threshold is None else f" | ~(m > {fill_threshold!r})",
         flag_stream="WG" if streams.count > 1 else "0", mma_row_sum=options.gluon_mma_row_sum and streams.count == 1, loader_regs=LOADER_REGS,
         tile_loads_read=bool(tiles), store_drain=STORE_DRAIN if out_tma else "", store_alloc=(
             "\n    if TMA_STORE:\n        o_bufs = q_bufs  # each consumer's rows leave through its Q buffer"
@@ -1242,7 +1248,7 @@ def _attend({common}, t, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
     # and over bf16 V rows whose unnormalized accumulator overflowed (emit's bounded_accumulation):
     # flagged for the launch's repair kernel, which computes them again in eager's own form
     sat_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    saturated = ~(gl.abs(m) < {saturation}) & seen
+    saturated = ~(gl.abs(m) < {saturation}) & seen{fill_check}
     if CHECK_ACC:
         overflowed = gl.max((~(gl.abs(acc) < float('inf'))).to(gl.int32), axis=1) > 0
         saturated = saturated | gl.convert_layout(overflowed, gl.SliceLayout(1, s_layout))

@@ -86,16 +86,17 @@ class TileMask:
 
     @property
     def checked(self) -> bool:
-        """Does skipping by this mask need the kernel's row checks at run time (a finite fill's
-        rows, and an additive one's bound)? Only emit's Triton kernel makes them."""
+        """Does skipping by this mask need the kernels' row checks at run time (a finite fill: rows
+        whose maximum is not above ``-T`` are computed again by the repair kernel)?"""
         return self.threshold is not None
 
     @property
     def bounded(self) -> bool:
-        """An additive ``-inf`` mask: it skips tiles only while the launch's bound on the scores it
-        is added to rules out ``+inf`` (whose sum with ``-inf`` is eager's NaN); the tile range
-        checks it (emit's ``bounded_skips``), and where it fails every tile is visited, masked."""
-        return self.addend is not None and self.threshold is None
+        """An additive mask: it skips tiles only while the launch's bound on the scores it is added
+        to stays below ``addend_below`` (no ``+inf`` beside ``-inf``, whose sum is eager's NaN; for a
+        finite fill, skipped scores below ``-3T``); the tile range checks it (emit's
+        ``bounded_skips``), and where it fails every tile is visited, masked."""
+        return self.addend is not None
 
 
 def _exact_below(fill: float, dtype: torch.dtype, additive: bool) -> float:

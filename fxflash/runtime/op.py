@@ -44,6 +44,9 @@ class Subgraph:
     inputs: tuple   # the op's floating inputs it reads: their gradients come from its vjp
 
 
+COMPILED_LAYOUTS = 8  # layouts a region's own ops are compiled by Inductor for (RegisteredRegion.own_ops)
+
+
 @dataclasses.dataclass
 class RegisteredRegion:
     plan: KernelPlan
@@ -83,13 +86,16 @@ class RegisteredRegion:
 
     def own_ops(self, own: tuple, args: list) -> list:
         """The region's own ops on ``args`` (inputs, then extras), run as ``own`` says: by PyTorch,
-        or compiled by Inductor as the graph would have compiled them (once per layout of
-        ``args``; run by PyTorch while a CUDA graph is captured, where a first compilation could
-        not run Inductor's own tuning)."""
+        or compiled by Inductor as the graph would have compiled them, once per layout of ``args``
+        (``COMPILED_LAYOUTS`` of them, as Dynamo's recompile limit; run by PyTorch beyond those,
+        and while a CUDA graph is captured, where a first compilation could not run Inductor's
+        own tuning)."""
         if own != tuning.COMPILED or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
             return self.reference(*args)
         key = tuple((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
         compiled = self.compiled.get(key)
+        if compiled is None and len(self.compiled) >= COMPILED_LAYOUTS:
+            return self.reference(*args)
         if compiled is None:
             from torch._inductor import compile as inductor_compile
 
