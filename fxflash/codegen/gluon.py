@@ -578,16 +578,12 @@ class _GluonPrinter(_Printer):
         return axis, f"out_s{axis}", batch, self.output_value
 
 
-def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
+def emit_gluon(r: Region, kinds: dict, name: str = "fxflash_gluon",
                options: KernelOptions | None = None, statistics: bool = False) -> GluonPlan:
-    """Print the Gluon kernel of ``region`` (``refusal(region)`` must be None), reusing emit's
+    """Print the Gluon kernel of region ``r`` (``refusal(r)`` must be None), reusing emit's
     printer for the score DAG and the tile range, with the kernel settings ``options``
     (``config``'s now where None); with ``statistics``, each consumer also stores its rows'
     ``m`` and ``1/l`` (STATISTICS_STORE). Raises Unprintable for an op without a Gluon form."""
-    # every tile mask skips here as in emit's kernel: an additive mask's bound is in the tile range
-    # both share (emit's bounded_skips); a finite fill's rows whose maximum is not above -T are
-    # flagged for the repair kernel (``fill_threshold``), which computes them over every key
-    r = region
     sm = softmax_of(r)
     options = options or kernel_options()
     pr = _GluonPrinter(r, name, options)
@@ -658,8 +654,10 @@ def emit_gluon(region: Region, kinds: dict, name: str = "fxflash_gluon",
     # stream 0's, whose values it may share (a mask the printer computed once; the rest is dead code)
     scores.update({f"_score_{j}": (pre + loop + p + lp, b) for j, (p, lp, (b, _)) in enumerate(others, 1)
                    if (p + lp, b) != (pre + loop, base)})
-    # rows whose maximum is not above a finite fill's -T: ``m`` is the softmax input's maximum in
-    # exp2's units (times ``unit``)
+    # every tile mask skips tiles here as in emit's kernel (an additive one under the bound in the
+    # tile range both print, emit's bounded_skips); the rows whose maximum is not above a finite
+    # fill's -T are flagged for the repair kernel: ``m`` is the softmax input's maximum in exp2's
+    # units (times ``unit``)
     finite = [mask.threshold for mask in r.tile_masks if mask.threshold is not None]
     fill_threshold = -min(finite) * unit if finite and pr.skips_tiles else None
     source = _module(name, fb, list(pr.params), score_params, scores, k, rows, tile_range, store,

@@ -403,13 +403,13 @@ class Launcher:
         return compiled, grid, args
 
     def __call__(self, inputs: list, sizes: list, frame: list, out_shapes: list, views=None,
-                 own_ops=None, own: tuple = tuning.EAGER) -> list:
+                 own_ops: tuple | None = None) -> list:
         """Run the kernel; ``sizes`` are the op's integer sizes (frame, result shapes, extras),
         ``frame`` = [*batch, M, N], ``out_shapes`` the shapes of the result and of the row
         values stored beside it; ``views``: for each input, the view chain folded into the call
         (``replay_views``; a bound launch reads the bases, which share the views' pointers).
-        ``own_ops()``: the region's own ops on these inputs, run as ``own`` says (tuning.EAGER or
-        COMPILED), timed beside the kernel's tiles and run instead of it where the tuner found
+        ``own_ops``: ``(tuning.EAGER or COMPILED, run)``, ``run()`` the region's own ops on these
+        inputs run so, timed beside the kernel's tiles and run instead of it where the tuner found
         them faster. Returns [result, *row values]."""
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
         # the op's last sizes are the symbolic integers the kernel reads (KernelPlan.sym_nodes)
@@ -419,9 +419,9 @@ class Launcher:
         if bound is not None:
             bound.launch(out, inputs, sides)
         elif self.first_launch(key, replay_views(inputs, views), frame, out, sides, views, symints,
-                               own_ops, own) in tuning.OWN_OPS:
+                               own_ops) in tuning.OWN_OPS:
             # in the layout the op's fake results promised (a compiler downstream relies on it)
-            return [r if r.stride() == a.stride() else a.copy_(r) for r, a in zip(own_ops(), [out, *sides])]
+            return [r if r.stride() == a.stride() else a.copy_(r) for r, a in zip(own_ops[1](), [out, *sides])]
         return [out, *sides]
 
     @staticmethod
@@ -437,10 +437,10 @@ class Launcher:
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
-    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None,
-                     own: tuple = tuning.EAGER):
+    def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None):
         """Choose the tile (tuning), launch it and remember the launch for ``key``; returns the
-        tile, ``own`` without launching anything where the region's own ops won."""
+        tile, ``own_ops``' own (tuning.EAGER or COMPILED) without launching anything where the
+        region's own ops won."""
         plan, kernel = self.plan, self.kernel
         batch = math.prod(frame[:-2])
         dims = block_dims_of(plan)
@@ -449,7 +449,7 @@ class Launcher:
 
         def run(tile):
             if tile in tuning.OWN_OPS:
-                own_ops()
+                own_ops[1]()
                 return
             if tile in timed:
                 timed[tile].launch(out, inputs, sides)
@@ -473,7 +473,7 @@ class Launcher:
                 timed[tile] = bound
 
         with stage("tuning"):
-            tile = tile_for(plan, inputs, frame, run, own=own if own_ops is not None else None)
+            tile = tile_for(plan, inputs, frame, run, own=own_ops[0] if own_ops is not None else None)
         if tile in tuning.OWN_OPS:
             return tile
         run(tile)

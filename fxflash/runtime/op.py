@@ -129,8 +129,8 @@ class RegisteredRegion:
                         return self.training_launcher(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)],
                                                       views)
                     own = tuning.COMPILED if self.replaced == "inductor" else tuning.EAGER
-                    return self.launcher(inputs, sizes, frame, shapes, views, own=own, own_ops=lambda: self.own_ops(
-                        own, [*replay_views(inputs, views), *self.extras(sizes, scalars)]))
+                    return self.launcher(inputs, sizes, frame, shapes, views, own_ops=(own, lambda: self.own_ops(
+                        own, [*replay_views(inputs, views), *self.extras(sizes, scalars)])))
             except InternalError as exc:  # this region runs as eager from now on
                 self.failed = exc
                 warn(exc, "this region runs as eager PyTorch from now on")
