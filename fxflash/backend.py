@@ -25,13 +25,17 @@ import collections
 import contextlib
 import contextvars
 import logging
+import time
 import warnings
 
 import torch
 
 from . import internal
 from .capture import CaptureError, capture, sdpa
-from .runtime.op import owned
+from .config import config
+from .runtime import graph_cache
+from .runtime.op import owned, registered
+from .runtime.op import register as register_region
 from .runtime.rewrite import with_direct_calls, with_training_calls
 from .pipeline import optimize_graph, timed
 from .report import Report
@@ -174,6 +178,11 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
              mode: str | None = None) -> _Recorded:
     seconds: dict = {}
     inner = _resolved(inner, example_inputs)
+    key = _graph_key(gm, example_inputs, inner, mode) if config.remember_graphs and not explaining else None
+    if key is not None:
+        recorded = _remembered(key, gm, example_inputs, inner, keep, mode)
+        if recorded is not None:
+            return recorded
     try:
         captured, rewritten, report, regions, direct = _rewrite(gm, example_inputs, inner, explaining, seconds)
     except (CaptureError, internal.InternalError) as exc:
@@ -192,13 +201,90 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     if explaining or not regions:
         # nothing fused (or explain(), which runs no kernel): Dynamo's own graph, as it would be
         # compiled without fxflash; with inner="eager" that is the user's ops, bit for bit
-        return _Recorded(_inner_compile(inner, gm, example_inputs, mode), report, [])
+        recorded = _Recorded(_inner_compile(inner, gm, example_inputs, mode), report, [])
+        if key is not None:
+            _remember(key, captured, None, report)
+        return recorded
     for entry in regions:  # a kernel that loses runs the region's ops as the inner compiler would have
         entry.replaced = inner
     if direct is not None:
         compiled = report.rewritten = direct  # the graph that runs, its regions called directly
     else:
         compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs, mode)
+    if key is not None:
+        _remember(key, captured, rewritten, report)
+    return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
+
+
+def _graph_key(gm, example_inputs, inner: str, mode: str | None) -> str | None:
+    try:
+        return graph_cache.graph_key(gm, example_inputs, inner, mode)
+    except Exception as exc:  # noqa: BLE001 - a graph that cannot be keyed is compiled as if new
+        log.debug("fxflash: graph not keyed for the graph cache: %s", exc)
+        return None
+
+
+def _region_calls(gm: torch.fx.GraphModule) -> list:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.fxflash.region.default]
+
+
+def _remember(key: str, captured, rewritten: torch.fx.GraphModule | None, report: Report) -> None:
+    """Store what this graph became (graph_cache.store); a graph that cannot be stored is compiled
+    afresh by the next process."""
+    try:
+        regions = [(n.args[0], graph_cache.region_data(registered(n.args[0]))) for n in _region_calls(rewritten)] \
+            if rewritten is not None else []
+        in_spec, out_spec = graph_cache.specs(captured)
+        graph_cache.store(key, graph_cache.Remembered(
+            graph_cache.graph_data(rewritten) if rewritten is not None else None, regions, in_spec,
+            list(captured.tensor_positions), out_spec, graph_cache.report_data(report)))
+    except Exception as exc:  # noqa: BLE001 - storing is an optimization of the next process
+        log.debug("fxflash: graph %s not remembered: %s", key[:12], exc)
+
+
+def _remembered(key: str, gm, example_inputs, inner: str, keep: bool, mode: str | None) -> _Recorded | None:
+    """The graph stored under ``key`` by an earlier compilation (this process's or another's), its
+    regions registered again, compiled by ``inner``; None where there is none or it cannot be read."""
+    start = time.perf_counter()
+    stored = graph_cache.load(key)
+    if stored is None:
+        return None
+    try:
+        report = stored.report
+        if stored.graph is None:
+            graph, regions, captured = None, [], None
+        else:
+            regions = [graph_cache.region_of(data) for _, data in stored.regions]
+            # each region registered anew: its key is the stored one in a process that has not used
+            # it, so that Inductor's caches recognise the graph; another where it has
+            renamed = {old: register_region(entry, None) for (old, _), entry in zip(stored.regions, regions)}
+            graph = graph_cache.graph_of(graph_cache.with_region_keys(stored.graph, renamed))
+            owned[graph] = list(regions)
+            captured = graph_cache.captured_of(stored, None)
+    except Exception as exc:  # noqa: BLE001 - an entry this process cannot rebuild is compiled afresh
+        log.debug("fxflash: remembered graph %s not rebuilt: %s", key[:12], exc)
+        return None
+    report.inner = inner
+    report.seconds = {"remembered graph": time.perf_counter() - start}
+    report.capture_note = "loaded from fxflash's graph cache (config.remember_graphs)"
+    if graph is None:
+        compiled = _inner_compile(inner, gm, example_inputs, mode)
+    else:
+        for entry in regions:
+            entry.replaced = inner
+        try:
+            if inner == "eager":
+                compiled = report.rewritten = with_direct_calls(graph)
+            else:
+                report.rewritten = with_training_calls(graph, copy=False)  # the graph Inductor compiles
+                compiled = _inner_compile(inner, graph, example_inputs, mode)
+        except Exception as exc:  # noqa: BLE001 - compiled afresh, as if nothing were stored
+            log.debug("fxflash: remembered graph %s not compiled: %s", key[:12], exc)
+            return None
+    if keep:
+        recent_reports.append(report)
+    if graph is None:
+        return _Recorded(compiled, report, [])
     return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
 
 

@@ -18,8 +18,13 @@ class Config:
     """Settings read by every stage.
 
     fuse:            False turns fusion off: graphs are captured and analysed but run as traced.
-    kernel_cache_dir: where generated kernels and the tuning cache are stored (user-only
+    kernel_cache_dir: where the tuning cache and remembered graphs are stored (user-only
                      permissions).
+    remember_graphs: store what the backend makes of each graph (the rewritten graph, its
+                     regions' kernels, the report) in ``<kernel_cache_dir>/graphs``, and load it in a
+                     later process that compiles the same graph on inputs of the same layouts,
+                     instead of capturing, analysing and generating again (runtime/graph_cache.py);
+                     ``FXFLASH_REMEMBER_GRAPHS=0`` compiles every graph afresh.
     autotune:        on GPUs, time each kernel's candidate tile configurations at its first
                      launch for a size bucket and remember the fastest in
                      ``<kernel_cache_dir>/tuning.json`` (runtime/tuning.py); ``FXFLASH_AUTOTUNE=0``
@@ -160,6 +165,7 @@ class Config:
     sdpa_calls: str = os.environ.get("FXFLASH_SDPA_CALLS", "masked")
     bind_launches: bool = os.environ.get("FXFLASH_BIND_LAUNCHES", "1") != "0"
     bind_gluon_launches: bool = os.environ.get("FXFLASH_BIND_GLUON_LAUNCHES", "1") != "0"
+    remember_graphs: bool = os.environ.get("FXFLASH_REMEMBER_GRAPHS", "1") != "0"
     kernel_cache_dir: str = os.environ.get(
         "FXFLASH_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "fxflash")
     )

@@ -14,6 +14,19 @@ from .patterns.transformations import RegionDims
 from .tile import TileProgram
 
 
+@dataclasses.dataclass(frozen=True)
+class RememberedChain:
+    """A chain as the report of a graph loaded from fxflash's graph cache keeps it
+    (runtime/graph_cache.py): its description and its demoted dimension; ``explain()`` analyses
+    the graph afresh and gives the Chain itself."""
+
+    text: str
+    demoted: tuple
+
+    def describe(self) -> str:
+        return self.text
+
+
 @dataclasses.dataclass
 class RegionReport:
     """One candidate region.
@@ -29,7 +42,8 @@ class RegionReport:
                source, whose configurations the tuner times beside the Triton kernel's on Hopper.
     configs:   when fused, the candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) that
                the tuner times on a GPU, the default first.
-    chain:     the Chain found by the pattern stage.
+    chain:     the Chain found by the pattern stage (a RememberedChain in the report of a graph
+               loaded from the graph cache).
     steps:     the rule lines applied, in order.
     transformations: when fused, the Transformations (demotion, algebraic rewriting,
                elimination, tile program), each with the sketches it changed.

@@ -9,6 +9,8 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# each test compiles afresh; tests/test_graph_cache.py turns remembered graphs on, in a directory of its own
+os.environ.setdefault("FXFLASH_REMEMBER_GRAPHS", "0")
 
 import pytest  # noqa: E402
 

@@ -4,7 +4,7 @@ attention, 4 × 4096, bf16, unpadded) through ``torch.compile(backend="fxflash")
     FXFLASH_CACHE_DIR=/tmp/fxc TRITON_CACHE_DIR=/tmp/tc TORCHINDUCTOR_CACHE_DIR=/tmp/ic \\
         PYTHONPATH=. python benchmarks/probes/probe_first_call.py
 
-Prints the first call's seconds, fxflash's stages (the report's ``seconds``) and the tuner's
+Prints the first call's seconds, the next calls' time, fxflash's stages (the report's ``seconds``) and the tuner's
 seconds per region (``tuning.history``) and Inductor's cache counters; the rest is Dynamo, Inductor and kernel loading. Point
 the cache variables at empty directories for a cold call.
 """
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--compiler", choices=["fxflash", "inductor"], default="fxflash")
     parser.add_argument("--profile", type=int, default=0)
     parser.add_argument("--phases", action="store_true", help="print Dynamo's compile_times()")
+    parser.add_argument("--dump", help="with --profile: also write the profile to this file (pstats)")
     options = parser.parse_args()
     compiler = options.compiler
     args = argparse.Namespace(layers=16, batch=4, seq=4096)
@@ -46,6 +47,12 @@ def main() -> None:
         if profile:
             profile.disable()
     total = time.perf_counter() - start
+    with torch.no_grad():
+        steady = time.perf_counter()
+        for _ in range(5):
+            run(**inputs)
+        torch.cuda.synchronize()
+    print(f"then {(time.perf_counter() - steady) / 5 * 1e3:.1f} ms per call")
     stages: dict = {}
     for report in {id(r): r for r in reports}.values():
         for stage, seconds in report.seconds.items():
@@ -63,6 +70,8 @@ def main() -> None:
         print(torch._dynamo.utils.compile_times(repr="str"))
     if profile:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(options.profile)
+        if options.dump:
+            profile.dump_stats(options.dump)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ source through ``inspect``; the module's lines are registered in ``linecache`` u
 is not a path (``<fxflash kernel k_<hash>>``), which ``linecache`` never looks up on disk. One
 module per distinct source and toolchain (``source_key``), kept for the process.
 
-**The cache directory** (``config.kernel_cache_dir``) holds ``tuning.json`` (runtime/tuning.py).
+**The cache directory** (``config.kernel_cache_dir``) holds ``tuning.json`` (runtime/tuning.py) and
+the remembered graphs (``graphs/``, runtime/graph_cache.py, whose kernel sources run when loaded).
 It is trusted only as a directory of this user's alone: created user-only (0700), and an existing
 one that is a symlink, not a directory, owned by another user, or writable by group or others is
 refused with a warning for a private temporary directory, as SSH refuses key files others can
 write. Where neither can be had, nothing is stored (``cache_dir()`` returns None) and kernels are
-tuned again in each process. No pickle is used anywhere.
+tuned again in each process.
 """
 from __future__ import annotations
 

@@ -185,8 +185,9 @@ def content_key(entry: RegisteredRegion) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def register(entry: RegisteredRegion, owner: fx.GraphModule) -> str:
-    """Register ``entry`` for the graph ``owner`` that calls it; the key its call names: the
+def register(entry: RegisteredRegion, owner: fx.GraphModule | None) -> str:
+    """Register ``entry`` for the graph ``owner`` that calls it (None: the caller records the graph
+    that will, in ``owned``); the key its call names: the
     region's ``content_key`` and how many regions with that digest this process registered before.
     So a process that compiles the same graphs in the same order names their regions as another
     did, and a graph that Inductor's caches reload from that process calls the regions it was
@@ -197,7 +198,8 @@ def register(entry: RegisteredRegion, owner: fx.GraphModule) -> str:
         key = f"{entry.plan.name}-{digest}#{_counts[digest]}"
         _counts[digest] += 1
         _REGISTRY[key] = entry
-        owned.setdefault(owner, []).append(entry)
+        if owner is not None:
+            owned.setdefault(owner, []).append(entry)
     return key
 
 

@@ -97,17 +97,18 @@ def with_direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
     return copy
 
 
-def with_training_calls(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose region calls go through ``training_call`` (as ``fxflash::region_call``),
-    for a compiler that traces the graph with autograd (Inductor's AOTAutograd): where a call's
-    backward is the fused one, the trace records the training forward, which stores the row
-    statistics that backward reads."""
-    copy, _ = copy_graph(gm)
-    for node in copy.graph.nodes:
+def with_training_calls(gm: fx.GraphModule, copy: bool = True) -> fx.GraphModule:
+    """A copy of ``gm`` (``gm`` itself with ``copy=False``) whose region calls go through
+    ``training_call`` (as ``fxflash::region_call``), for a compiler that traces the graph with
+    autograd (Inductor's AOTAutograd): where a call's backward is the fused one, the trace records
+    the training forward, which stores the row statistics that backward reads."""
+    if copy:
+        gm, _ = copy_graph(gm)
+    for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.fxflash.region.default:
             node.target, node.args = torch.ops.fxflash.region_call.default, node.args[:4]
-    copy.recompile()
-    return copy
+    gm.recompile()
+    return gm
 
 
 def reference_subgraph(outputs: list[fx.Node], inputs: list[fx.Node]) -> tuple[fx.GraphModule, list[fx.Node]]:
