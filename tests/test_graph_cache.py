@@ -86,6 +86,29 @@ def test_a_remembered_graph_is_compiled_by_the_inner_inductor(remembering):
     assert_accurate(variant.fn, args, out)
 
 
+def attention_after_an_empty_past(q, k, v):
+    """Keys after an empty past, as a cache's first step writes them: the empty tensor is a constant of
+    the traced graph, on the inputs' device."""
+    past = torch.tensor([], device=q.device, dtype=q.dtype).view(1, 1, 0, 1).expand(*k.shape[:2], 0, k.shape[-1])
+    k = torch.cat([past, k], dim=2)
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
+
+
+@pytest.mark.parametrize("inner, device", [
+    ("eager", "cpu"),
+    pytest.param("inductor", "cuda", marks=[pytest.mark.gpu,
+                                           pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]),
+])
+def test_a_graphs_constants_come_back_on_their_device(remembering, inner, device):
+    dtype, shape = (torch.float16, (2, 4, 128, 64)) if device == "cuda" else (torch.float32, (2, 4, 16, 8))
+    args = [torch.randn(shape, device=device, dtype=dtype) for _ in range(3)]
+    _compiled_reports(attention_after_an_empty_past, args, inner=inner)
+    out, (report,) = _compiled_reports(attention_after_an_empty_past, args, inner=inner)
+    assert set(report.seconds) == {"remembered graph"}
+    assert_fused(report)
+    assert_accurate(attention_after_an_empty_past, args, out)
+
+
 def test_optimize_loads_remembered_graphs_too(remembering):
     variant = VARIANTS["vanilla"]
     args = variant.inputs(SHAPE)
