@@ -13,6 +13,11 @@ it can fuse, and hands the result to an inner compiler:
 
 A graph with nothing fused is compiled as Dynamo captured it, as if fxflash were not there.
 
+What the backend makes of a graph is remembered across processes (runtime/graph_cache.py,
+``config.remember_graphs``): a later compilation of the same graph on inputs of the same layouts
+loads it instead of tracing, analysing and printing again, and hands the inner compiler the same
+graph, which Inductor's caches then find too.
+
 Choose with ``torch.compile(model, backend="fxflash", options={"inner": "eager"})`` or
 ``torch.compile(model, backend=fxflash.backend(inner="eager"))``. ``torch.compile``'s ``mode``
 (``"reduce-overhead"``: CUDA graphs; ``"max-autotune"``) is the inner Inductor's, as without
@@ -34,8 +39,7 @@ from . import internal
 from .capture import CaptureError, capture, sdpa
 from .config import config
 from .runtime import graph_cache
-from .runtime.op import owned, registered
-from .runtime.op import register as register_region
+from .runtime.op import owned
 from .runtime.rewrite import with_direct_calls, with_training_calls
 from .pipeline import optimize_graph, timed
 from .report import Report
@@ -203,7 +207,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
         # compiled without fxflash; with inner="eager" that is the user's ops, bit for bit
         recorded = _Recorded(_inner_compile(inner, gm, example_inputs, mode), report, [])
         if key is not None:
-            _remember(key, captured, None, report)
+            graph_cache.remember(key, captured, None, report)
         return recorded
     for entry in regions:  # a kernel that loses runs the region's ops as the inner compiler would have
         entry.replaced = inner
@@ -212,7 +216,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     else:
         compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs, mode)
     if key is not None:
-        _remember(key, captured, rewritten, report)
+        graph_cache.remember(key, captured, rewritten, report)
     return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
 
 
@@ -224,46 +228,14 @@ def _graph_key(gm, example_inputs, inner: str, mode: str | None) -> str | None:
         return None
 
 
-def _region_calls(gm: torch.fx.GraphModule) -> list:
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.fxflash.region.default]
-
-
-def _remember(key: str, captured, rewritten: torch.fx.GraphModule | None, report: Report) -> None:
-    """Store what this graph became (graph_cache.store); a graph that cannot be stored is compiled
-    afresh by the next process."""
-    try:
-        regions = [(n.args[0], graph_cache.region_data(registered(n.args[0]))) for n in _region_calls(rewritten)] \
-            if rewritten is not None else []
-        in_spec, out_spec = graph_cache.specs(captured)
-        graph_cache.store(key, graph_cache.Remembered(
-            graph_cache.graph_data(rewritten) if rewritten is not None else None, regions, in_spec,
-            list(captured.tensor_positions), out_spec, graph_cache.report_data(report)))
-    except Exception as exc:  # noqa: BLE001 - storing is an optimization of the next process
-        log.debug("fxflash: graph %s not remembered: %s", key[:12], exc)
-
-
 def _remembered(key: str, gm, example_inputs, inner: str, keep: bool, mode: str | None) -> _Recorded | None:
     """The graph stored under ``key`` by an earlier compilation (this process's or another's), its
     regions registered again, compiled by ``inner``; None where there is none or it cannot be read."""
     start = time.perf_counter()
-    stored = graph_cache.load(key)
-    if stored is None:
+    recalled = graph_cache.recall(key)
+    if recalled is None:
         return None
-    try:
-        report = stored.report
-        if stored.graph is None:
-            graph, regions, captured = None, [], None
-        else:
-            regions = [graph_cache.region_of(data) for _, data in stored.regions]
-            # each region registered anew: its key is the stored one in a process that has not used
-            # it, so that Inductor's caches recognise the graph; another where it has
-            renamed = {old: register_region(entry, None) for (old, _), entry in zip(stored.regions, regions)}
-            graph = graph_cache.graph_of(graph_cache.with_region_keys(stored.graph, renamed))
-            owned[graph] = list(regions)
-            captured = graph_cache.captured_of(stored, None)
-    except Exception as exc:  # noqa: BLE001 - an entry this process cannot rebuild is compiled afresh
-        log.debug("fxflash: remembered graph %s not rebuilt: %s", key[:12], exc)
-        return None
+    graph, regions, captured, report = recalled
     report.inner = inner
     report.seconds = {"remembered graph": time.perf_counter() - start}
     report.capture_note = "loaded from fxflash's graph cache (config.remember_graphs)"

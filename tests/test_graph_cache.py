@@ -186,6 +186,17 @@ def test_the_key_follows_layouts_settings_and_modes():
 
 
 @pytest.mark.fusion_independent
+def test_the_key_reads_a_constants_values():
+    def scaled(x, c):
+        return x * torch.tensor([c, 2.0, 3.0])
+
+    x = torch.randn(3)
+    half, third = (capture(scaled, (x, c)).graph_module for c in (0.5, 1 / 3))
+    assert half.code == third.code   # the value is an attribute of the graph, not in its code
+    assert None is not graph_cache.graph_key(half, [x], "eager", None) != graph_cache.graph_key(third, [x], "eager", None)
+
+
+@pytest.mark.fusion_independent
 def test_graphs_are_stored_as_data_and_rebuilt_alike():
     def fn(x, i):
         y = torch.cat([x[:, 1:3], torch.tensor([[1.5, 2.5]]).expand(x.shape[0], 2)], dim=1)
