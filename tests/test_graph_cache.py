@@ -148,6 +148,18 @@ def test_an_unreadable_entry_is_compiled_afresh_and_replaced(remembering):
     assert set(_compiled_reports(variant.fn, args)[1][0].seconds) == {"remembered graph"}
 
 
+def test_the_least_recently_used_graphs_are_evicted_beyond_the_limit(remembering, monkeypatch):
+    variant = VARIANTS["vanilla"]
+    first, second = variant.inputs(SHAPE), variant.inputs(Shape(B=1, H=2, Hkv=2, M=5, N=7, D=8, Dv=8))
+    _compiled_reports(variant.fn, first)
+    (kept,) = glob.glob(str(remembering / "graphs" / "*" / "*"))
+    monkeypatch.setattr(graph_cache, "MAX_BYTES", os.path.getsize(kept) * 3 // 2)
+    _compiled_reports(variant.fn, second)
+    (now,) = glob.glob(str(remembering / "graphs" / "*" / "*"))
+    assert now != kept
+    assert "capture" in _compiled_reports(variant.fn, first)[1][0].seconds
+
+
 @pytest.mark.fusion_independent
 def test_the_unpickler_resolves_only_fxflash_and_torch_data():
     class Payload:

@@ -22,6 +22,7 @@ cannot resolve, is a miss: the graph is compiled afresh and stored again.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -394,11 +395,36 @@ def store(key: str, remembered: Remembered) -> None:
                     "constants": [{k: (v.cpu(), str(v.device)) for k, v in c.items()} for c in tensors]}, buffer)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(buffer.getvalue())
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(buffer.getvalue())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        _evict(os.path.dirname(os.path.dirname(path)))
     except (Unrememberable, OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
         log.debug("fxflash: graph %s not remembered: %s", key[:12], exc)
+
+
+MAX_BYTES = 1 << 30  # the remembered graphs kept, at most; the least recently used go first
+
+
+def _evict(root: str) -> None:
+    """Remove the least recently used entries (``load`` marks an entry used) beyond MAX_BYTES."""
+    entries = []
+    for folder in os.listdir(root):
+        for name in os.listdir(os.path.join(root, folder)):
+            with contextlib.suppress(OSError):
+                st = os.stat(os.path.join(root, folder, name))
+                entries.append((st.st_mtime, st.st_size, os.path.join(root, folder, name)))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= MAX_BYTES:
+            break
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        total -= size
 
 
 def load(key: str) -> Remembered | None:
@@ -420,6 +446,8 @@ def load(key: str) -> Remembered | None:
         remembered = _Unpickler(io.BytesIO(body)).load()
         if not isinstance(remembered, Remembered):
             raise pickle.UnpicklingError(f"it holds a {type(remembered).__name__}")
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the last to be evicted
         graphs = _constants(remembered)
         for g, c in zip(graphs, stored["constants"]):
             with unset_fake_temporarily():
