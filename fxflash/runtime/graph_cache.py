@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import hashlib
 import importlib
@@ -336,8 +337,8 @@ def region_of(data: RegionData):
 # ------------------------------------------------------------------------------------------ files
 
 class _Unpickler(pickle.Unpickler):
-    """Resolves fxflash's own classes and PyTorch's dtypes, devices, layouts and memory formats;
-    any other global is refused (a file naming one is a miss)."""
+    """Resolves fxflash's own data classes and enums and PyTorch's dtypes, devices, layouts and
+    memory formats; any other global is refused (a file naming one is a miss)."""
 
     _BUILTINS = {"set", "frozenset", "slice", "complex"}
     _TORCH_FUNCTIONS = {("torch.serialization", "_get_layout")}  # how torch.layout pickles
@@ -345,7 +346,7 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if module == "fxflash" or module.startswith("fxflash."):
             value = super().find_class(module, name)
-            if isinstance(value, type):
+            if isinstance(value, type) and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum)):
                 return value
         elif module == "builtins" and name in self._BUILTINS:
             return super().find_class(module, name)
