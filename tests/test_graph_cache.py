@@ -161,7 +161,7 @@ def test_the_least_recently_used_graphs_are_evicted_beyond_the_limit(remembering
 
 
 @pytest.mark.fusion_independent
-def test_the_unpickler_resolves_only_fxflash_and_torch_data():
+def test_an_entry_resolves_only_fxflash_and_torch_data_and_known_targets():
     class Payload:
         def __reduce__(self):
             return (os.system, ("true",))
@@ -169,6 +169,11 @@ def test_the_unpickler_resolves_only_fxflash_and_torch_data():
     with pytest.raises(pickle.UnpicklingError, match="os.system|posix.system"):
         graph_cache._Unpickler(__import__("io").BytesIO(pickle.dumps(Payload()))).load()
     data = pickle.dumps([torch.bfloat16, torch.device("cpu"), torch.strided, torch.channels_last, {1, 2}])
+    # a graph names its targets, found again only among PyTorch's operators and a few functions
+    nodes = [("placeholder", "x", ("attr", "x"), (), {}), ("call_function", "y", ("function", "builtins", "exec"),
+                                                           ("print(1)",), {})]
+    with pytest.raises(graph_cache.Unrememberable):
+        graph_cache.graph_of(graph_cache.GraphData(nodes, {}))
     assert graph_cache._Unpickler(__import__("io").BytesIO(data)).load()[0] is torch.bfloat16
 
 

@@ -12,8 +12,8 @@ graph to the inner compiler as the first process did, so that Inductor's own cac
 
 **Format.** One file per key in ``<kernel_cache_dir>/graphs``, written whole and then renamed into
 place. FX graphs are stored as data (each node's op, name, target by name, and arguments), never as
-code: a target is found again by name among PyTorch's operators and a few modules' functions
-(``_TARGET_MODULES``). The rest is pickled and read back by an unpickler that resolves only
+code: a target is found again by name among PyTorch's operators and a few functions of ``operator``
+and ``math`` (``_TARGET_FUNCTIONS``). The rest is pickled and read back by an unpickler that resolves only
 fxflash's own classes and PyTorch's dtypes, devices and layouts (``_Unpickler``); tensor constants
 go through ``torch.load(weights_only=True)``. The file holds generated kernel sources, which run
 when loaded, as the kernels Inductor and Triton cache do; so it is read only from the trusted
@@ -183,9 +183,12 @@ def _attribute(gm: torch.nn.Module, path: str):
 
 # ---------------------------------------------------------------------------------- graphs as data
 
-# Modules whose functions may be a graph's targets (besides PyTorch's operators, torch.ops.*).
-_TARGET_MODULES = ("operator", "_operator", "math", "builtins", "torch", "torch._C", "torch._C._nn",
-                   "torch.functional", "torch.nn.functional")
+# The functions that may be a graph's targets besides PyTorch's operators (torch.ops.*): an ATen
+# graph's getitem of a multi-result op, and integer arithmetic on sizes. Any other is not stored.
+_OPERATORS = ("getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "eq", "ne", "lt", "le",
+              "gt", "ge")
+_TARGET_FUNCTIONS = {*((m, f) for m in ("operator", "_operator") for f in _OPERATORS),
+                     ("math", "ceil"), ("math", "floor"), ("math", "sqrt")}
 
 
 def _target_name(target) -> tuple:
@@ -194,16 +197,9 @@ def _target_name(target) -> tuple:
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return ("ops", *str(target).split("."))
     module, name = getattr(target, "__module__", None), getattr(target, "__name__", None)
-    if module in _TARGET_MODULES and name and _resolve_function(module, name) is target:
+    if (module, name) in _TARGET_FUNCTIONS and getattr(importlib.import_module(module), name) is target:
         return ("function", module, name)
     raise Unrememberable(f"graph target {target!r}")
-
-
-def _resolve_function(module: str, name: str):
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
 
 
 def _target(name: tuple):
@@ -215,10 +211,8 @@ def _target(name: tuple):
         for part in rest:
             value = getattr(value, part)
         return value
-    if kind == "function" and rest[0] in _TARGET_MODULES:
-        found = _resolve_function(*rest)
-        if found is not None:
-            return found
+    if kind == "function" and tuple(rest) in _TARGET_FUNCTIONS:
+        return getattr(importlib.import_module(rest[0]), rest[1])
     raise Unrememberable(f"graph target {name!r}")
 
 
