@@ -46,6 +46,7 @@ def test_a_graph_compiled_again_is_loaded_with_its_regions(remembering, name):
     fused = assert_fused(second, variant.chains)
     assert [r.source for r in fused] == [r.source for r in first.regions if r.fused]
     assert isinstance(fused[0].chain, RememberedChain) and fused[0].verdict() == first.regions[0].verdict()
+    assert "loaded from fxflash's graph cache" in str(second) and str(fused[0].tile_program).splitlines()[0] in str(second)
     assert_accurate(variant.fn, args, out)
     # explain() analyses afresh: its report has the chains themselves
     assert not isinstance(fxflash.explain(variant.fn, *args).regions[0].chain, RememberedChain)
