@@ -65,13 +65,21 @@ def _resolved(inner: str, example_inputs) -> str:
     return "inductor" if on_gpu else "eager"
 
 
-def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None):
+def _inner_compile(inner: str, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,
+                   aten: bool = False):
+    """``gm`` compiled by ``inner``. ``aten``: ``gm`` is fxflash's rewritten ATen graph, not Dynamo's,
+    and Inductor's pre-grad passes are left out: they rewrite torch-level calls (``torch.cat``,
+    ``F.linear``), which an ATen graph has none of, and took 0.16 s of a Llama 1B-class model's warm
+    first call on fxflash's graph (0.03–0.07 s on Dynamo's own; benchmarks/NOTES.md)."""
     if inner == "eager":
         return gm
-    from torch._inductor import list_mode_options
+    from torch._inductor import config as inductor_config, list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs, config_patches=list_mode_options(mode) if mode else None)
+    patches = dict(list_mode_options(mode)) if mode else {}
+    if aten and hasattr(inductor_config, "use_pre_grad_passes"):
+        patches["use_pre_grad_passes"] = False
+    return compile_fx(gm, example_inputs, config_patches=patches or None)
 
 
 def _retrace(gm: torch.fx.GraphModule, example_inputs, keep_origins: bool = False):
@@ -214,7 +222,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     if direct is not None:
         compiled = report.rewritten = direct  # the graph that runs, its regions called directly
     else:
-        compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs, mode)
+        compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs, mode, aten=True)
     if key is not None:
         graph_cache.remember(key, captured, rewritten, report)
     return _Recorded(lambda *args: captured.run(compiled, args, {}), report, regions)
@@ -249,7 +257,7 @@ def _remembered(key: str, gm, example_inputs, inner: str, keep: bool, mode: str 
                 compiled = report.rewritten = with_direct_calls(graph)
             else:
                 report.rewritten = with_training_calls(graph, copy=False)  # the graph Inductor compiles
-                compiled = _inner_compile(inner, graph, example_inputs, mode)
+                compiled = _inner_compile(inner, graph, example_inputs, mode, aten=True)
         except Exception as exc:  # noqa: BLE001 - compiled afresh, as if nothing were stored
             log.debug("fxflash: remembered graph %s not compiled: %s", key[:12], exc)
             return None

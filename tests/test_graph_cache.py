@@ -149,6 +149,7 @@ def test_an_unreadable_entry_is_compiled_afresh_and_replaced(remembering):
     assert set(_compiled_reports(variant.fn, args)[1][0].seconds) == {"remembered graph"}
 
 
+@pytest.mark.fusion_independent  # a graph is remembered whether or not it fused
 def test_the_least_recently_used_graphs_are_evicted_beyond_the_limit(remembering, monkeypatch):
     variant = VARIANTS["vanilla"]
     first, second = variant.inputs(SHAPE), variant.inputs(Shape(B=1, H=2, Hkv=2, M=5, N=7, D=8, Dv=8))
