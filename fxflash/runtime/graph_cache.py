@@ -14,8 +14,8 @@ graph to the inner compiler as the first process did, so that Inductor's own cac
 place. FX graphs are stored as data (each node's op, name, target by name, and arguments), never as
 code: a target is found again by name among PyTorch's operators and a few functions of ``operator``
 and ``math`` (``_TARGET_FUNCTIONS``). The rest is pickled and read back by an unpickler that resolves only
-fxflash's own classes and PyTorch's dtypes, devices and layouts (``_Unpickler``); tensor constants
-go through ``torch.load(weights_only=True)``. The file holds generated kernel sources, which run
+fxflash's own data classes and PyTorch's dtypes, devices and layouts (``_Unpickler``); tensors
+(graphs' constants) go through ``torch.save`` and ``torch.load(weights_only=True)``. The file holds generated kernel sources, which run
 when loaded, as the kernels Inductor and Triton cache do; so it is read only from the trusted
 cache directory (runtime/cache.py). A file that cannot be read, or that names what this process
 cannot resolve, is a miss: the graph is compiled afresh and stored again.
@@ -82,7 +82,7 @@ class NodeRef:
 class GraphData:
     """An FX graph as data: ``nodes`` are (op, name, target, args, kwargs), targets by name
     (``_target_name``), nodes in arguments as NodeRef; ``constants``: the graph's tensor attributes
-    (get_attr targets), kept apart to be stored as tensors."""
+    (get_attr targets), stored by ``torch.save`` (``_Pickler``)."""
 
     nodes: list
     constants: dict
@@ -330,9 +330,32 @@ def region_of(data: RegionData):
 
 # ------------------------------------------------------------------------------------------ files
 
+class _Pickler(pickle.Pickler):
+    """Pickles an entry with its tensors (graphs' constants) left out, by their place in ``tensors``,
+    to be stored by ``torch.save``."""
+
+    def __init__(self, file, tensors: list):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors = tensors
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor):
+            self.tensors.append(obj.detach())
+            return len(self.tensors) - 1
+        return None
+
+
 class _Unpickler(pickle.Unpickler):
     """Resolves fxflash's own data classes and enums and PyTorch's dtypes, devices, layouts and
-    memory formats; any other global is refused (a file naming one is a miss)."""
+    memory formats; any other global is refused (a file naming one is a miss). Tensors are the
+    ones ``torch.load`` read, by their place (``_Pickler``)."""
+
+    def __init__(self, file, tensors: list = ()):
+        super().__init__(file)
+        self.tensors = tensors
+
+    def persistent_load(self, pid):
+        return self.tensors[pid]
 
     _BUILTINS = {"set", "frozenset", "slice", "complex"}
     _TORCH_FUNCTIONS = {("torch.serialization", "_get_layout")}  # how torch.layout pickles
@@ -353,15 +376,6 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not read from fxflash's graph cache")
 
 
-def _constants(remembered: Remembered) -> list:
-    """Every GraphData the entry holds (their constants are stored as tensors, apart)."""
-    graphs = [remembered.graph] if remembered.graph is not None else []
-    for _, region in remembered.regions:
-        graphs.append(region.reference)
-        graphs += [s[0] for s in [region.epilogue, *region.computed.values()] if s is not None]
-    return graphs
-
-
 def _path(key: str) -> str | None:
     from .cache import cache_dir
 
@@ -376,18 +390,12 @@ def store(key: str, remembered: Remembered) -> None:
     if path is None:
         return
     try:
-        graphs = _constants(remembered)
-        tensors = [g.constants for g in graphs]
-        for g in graphs:
-            g.constants = {}
-        try:
-            body = pickle.dumps(remembered, protocol=pickle.HIGHEST_PROTOCOL)
-        finally:
-            for g, c in zip(graphs, tensors):
-                g.constants = c
+        body, tensors = io.BytesIO(), []
+        _Pickler(body, tensors).dump(remembered)
+        body = body.getvalue()
         buffer = io.BytesIO()
         torch.save({"body": body, "digest": hashlib.sha256(body).hexdigest(),
-                    "constants": [{k: (v.cpu(), str(v.device)) for k, v in c.items()} for c in tensors]}, buffer)
+                    "tensors": [(t.cpu(), str(t.device)) for t in tensors]}, buffer)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
@@ -438,15 +446,13 @@ def load(key: str) -> Remembered | None:
         body = stored["body"]
         if hashlib.sha256(body).hexdigest() != stored["digest"]:
             raise pickle.UnpicklingError("its digest does not match")
-        remembered = _Unpickler(io.BytesIO(body)).load()
+        with unset_fake_temporarily():
+            tensors = [t.to(device) for t, device in stored["tensors"]]
+        remembered = _Unpickler(io.BytesIO(body), tensors).load()
         if not isinstance(remembered, Remembered):
             raise pickle.UnpicklingError(f"it holds a {type(remembered).__name__}")
         with contextlib.suppress(OSError):
             os.utime(path)  # used now: the last to be evicted
-        graphs = _constants(remembered)
-        for g, c in zip(graphs, stored["constants"]):
-            with unset_fake_temporarily():
-                g.constants = {k: v.to(device) for k, (v, device) in c.items()}
         return remembered
     except Exception as exc:  # noqa: BLE001 - an unreadable entry is a miss, never an error
         log.debug("fxflash: remembered graph %s not read: %s", key[:12], exc)
