@@ -39,7 +39,7 @@ from . import internal
 from .capture import CaptureError, capture, sdpa
 from .config import config
 from .runtime import graph_cache
-from .runtime.op import owned
+from .runtime.op import compile_ahead, owned
 from .runtime.rewrite import with_direct_calls, with_training_calls
 from .pipeline import optimize_graph, timed
 from .report import Report
@@ -222,6 +222,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, inner: str, explaining: b
     if direct is not None:
         compiled = report.rewritten = direct  # the graph that runs, its regions called directly
     else:
+        # the tuner's kernels compile in worker processes while Inductor compiles the graph
+        with timed(seconds, "compile ahead"):
+            compile_ahead(rewritten.graph)
         compiled = _inner_compile(inner, with_training_calls(rewritten), example_inputs, mode, aten=True)
     if key is not None:
         graph_cache.remember(key, captured, rewritten, report)

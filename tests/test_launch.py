@@ -261,3 +261,16 @@ def test_results_are_allocated_in_eager_layout_at_once(shape):
         inverse = sorted(range(len(order)), key=order.__getitem__)
         expected = torch.empty([shape[a] for a in order]).permute(inverse)
         assert (out.shape, out.stride(), out.dtype) == (expected.shape, expected.stride(), torch.float16), order
+
+
+@pytest.mark.fusion_independent
+def test_a_call_compiled_ahead_is_launched_dry_on_tensors_of_its_layout():
+    """The tensors a region call is compiled ahead on (op._empty_of) have the call's shape, strides
+    and storage offset (so the pointer alignment Triton specializes on), in storage that holds
+    every element they reach."""
+    base = torch.randn(10, 12)
+    for v in (base, base[2:, 1::2].t(), base[:, None, :4].expand(10, 3, 4), base[3:3]):
+        e = op._empty_of(v)
+        assert (e.shape, e.stride(), e.storage_offset(), e.dtype) == (v.shape, v.stride(), v.storage_offset(), v.dtype)
+        reach = e.storage_offset() + sum((n - 1) * s for n, s in zip(e.shape, e.stride())) if e.numel() else -1
+        assert e.untyped_storage().nbytes() >= (reach + 1) * e.element_size()

@@ -273,11 +273,41 @@ def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
     try:
         bad = dict(source="x = 1\n", module="fxflash_kernels.k_test", file="<fxflash kernel k_test>", name="k",
                    data="{}")
-        assert worker.compile([bad, bad]) == 0
+        assert worker.compile([bad, bad]) == []
         assert worker.alive()
         assert worker._answer_to(bad).startswith("error AttributeError")
     finally:
         worker.close()
+
+
+@pytest.mark.fusion_independent
+def test_compilations_started_ahead_are_waited_for_and_never_repeated(monkeypatch):
+    """precompile.start records the specializations now and compiles them in a thread of its own;
+    compile_all waits for it, then compiles only what was not compiled before, and counts both."""
+    import threading
+    from types import SimpleNamespace
+
+    from fxflash.runtime import cache, precompile
+
+    monkeypatch.setattr(precompile, "_compiled", set())
+    monkeypatch.setattr(precompile, "_started", [])
+    monkeypatch.setattr(precompile, "specializations", lambda run: run())
+    monkeypatch.setattr(cache, "source_of", lambda module: "source")
+    kernel = SimpleNamespace(fn=SimpleNamespace(__module__=precompile.__name__, __name__="kernel"))
+    gate, batches = threading.Event(), []
+
+    class Worker:
+        def compile(self, jobs):
+            gate.wait(10)
+            batches.append([job["data"] for job in jobs])
+            return jobs
+
+    monkeypatch.setattr(precompile, "start_workers", lambda count: [Worker()])
+    precompile.start([lambda: [(kernel, "a")], lambda: [(kernel, "b"), (kernel, "a")]])
+    assert batches == [] and len(precompile._started) == 1   # returned before compiling
+    threading.Timer(0.2, gate.set).start()
+    assert precompile.compile_all([lambda: [(kernel, "a")], lambda: [(kernel, "c")]]) == 2
+    assert batches == [["a", "b"], ["c"]] and precompile._started == []
 
 
 @pytest.mark.fusion_independent

@@ -57,13 +57,19 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run, own: tuple | None
         return pinned
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
-    gluon = gluon_launch.candidates(plan.gluon, inputs, frame)
-    source = plan.source + (plan.gluon.source if gluon else "")  # a choice is keyed by every kernel timed
+    source, kernels = tile_candidates(plan, inputs, frame)
     own_ops = [own] if own is not None and config.time_eager and _eager_fits(frame, device) else []
-    return tuning.choose(plan.name, source, [*plan.configs, *gluon, *own_ops], [t.dtype for t in inputs],
+    return tuning.choose(plan.name, source, [*kernels, *own_ops], [t.dtype for t in inputs],
                          _device_label(device.index),
                          frame, run, capturing=torch.cuda.is_current_stream_capturing(),
                          device_index=device.index)
+
+
+def tile_candidates(plan: KernelPlan, inputs: list, frame: list) -> tuple[str, list]:
+    """(the source a tuning choice is keyed by, the kernel configurations the tuner times for this
+    launch): the ``tl`` kernel's tiles and the Gluon configurations the launch can use."""
+    gluon = gluon_launch.candidates(plan.gluon, inputs, frame)
+    return plan.source + (plan.gluon.source if gluon else ""), [*plan.configs, *gluon]
 
 
 EAGER_BYTES_PER_SCORE = 16  # the region's own ops hold about four fp32 score-sized tensors at once
@@ -437,13 +443,41 @@ class Launcher:
                 tuple((t.shape, t.stride(), t.dtype, t.get_device()) for t in inputs),
                 tuple(t.data_ptr() % 16 == 0 for t in (out, *inputs, *sides)))
 
+    def launch_tile(self, tile, inputs, frame, out, sides, symints) -> tuple:
+        """Launch ``tile`` through the JIT (compiling it where Triton's caches lack it); returns
+        what ``bound_for`` binds: the Gluon launch's, or (compiled kernel, grid, arguments, the
+        repair launch or None)."""
+        if is_gluon_tile(tile):
+            return self.run_gluon(tile, inputs, frame, out, sides, symints)
+        plan = self.plan
+        bm, bn, warps, stages = tile
+        grid = (triton.cdiv(frame[-2], bm) * math.prod(frame[:-2]) * plan.dv_split,)
+        args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides, tile_summaries(plan, inputs, bn), symints))
+        flags = [repair_flags(frame, out)] if plan.flags else []
+        with _launching():
+            # a kernel in eager's own form runs without fp contraction, as the repair kernel
+            compiled = self.kernel[grid](out, *flags, *args, **block_dims_of(plan), BLOCK_M=bm, BLOCK_N=bn,
+                                         num_warps=warps, num_stages=stages, enable_fp_fusion=plan.fp_fusion)
+            repair = self.run_repair(inputs, frame, out, sides, flags[0], symints) if flags else None
+        return compiled, grid, args, repair
+
+    def compile_ahead(self, inputs, sizes, frame, out_shapes, views=None) -> None:
+        """Start compiling the candidates the tuner will time for a launch of this layout
+        (``inputs``: tensors of the call's layout, their values never read as data), in worker
+        processes, and return (``tuning.compile_ahead``); nothing where the choice is known."""
+        if tuning.pinned_tile() is not None or interpreting() or inputs[0].device.type != "cuda":
+            return
+        out, *sides = empty_results(self.plan, out_shapes, inputs[0])
+        symints, inputs = self.plan.symints(sizes), replay_views(inputs, views)
+        source, candidates = tile_candidates(self.plan, inputs, frame)
+        tuning.compile_ahead(source, candidates, [t.dtype for t in inputs], _device_label(inputs[0].device.index),
+                             frame, lambda tile: self.launch_tile(tile, inputs, frame, out, sides, symints))
+
     def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None):
         """Choose the tile (tuning), launch it and remember the launch for ``key``; returns the
         tile, ``own_ops``' own (tuning.EAGER or COMPILED) without launching anything where the
         region's own ops won."""
-        plan, kernel = self.plan, self.kernel
-        batch = math.prod(frame[:-2])
-        dims = block_dims_of(plan)
+        plan = self.plan
         launched = {}
         timed = {}  # tile → its bound launch: the tuner's later launches of a tile (key given)
 
@@ -454,20 +488,7 @@ class Launcher:
             if tile in timed:
                 timed[tile].launch(out, inputs, sides)
                 return
-            if is_gluon_tile(tile):
-                launched[tile] = self.run_gluon(tile, inputs, frame, out, sides, symints)
-            else:
-                bm, bn, warps, stages = tile
-                grid = (triton.cdiv(frame[-2], bm) * batch * plan.dv_split,)
-                args = _kernel_args(plan.args, LaunchValues(inputs, frame, out, sides,
-                                                            tile_summaries(plan, inputs, bn), symints))
-                flags = [repair_flags(frame, out)] if plan.flags else []
-                with _launching():
-                    # a kernel in eager's own form runs without fp contraction, as the repair kernel
-                    compiled = kernel[grid](out, *flags, *args, **dims, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                            num_stages=stages, enable_fp_fusion=plan.fp_fusion)
-                    repair = self.run_repair(inputs, frame, out, sides, flags[0], symints) if flags else None
-                launched[tile] = (compiled, grid, args, repair)
+            launched[tile] = self.launch_tile(tile, inputs, frame, out, sides, symints)
             bound = self.bound_for(tile, launched[tile], inputs, out, frame, symints=symints) if key is not None else None
             if bound is not None:
                 timed[tile] = bound

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import logging
 import threading
 import weakref
 
@@ -30,6 +31,8 @@ from ..internal import InternalError, stage, warn
 from ..codegen.emit import KernelPlan
 from . import tuning
 from .launch import Launcher, PinRefused, empty_results, replay_views
+
+log = logging.getLogger("fxflash")
 
 
 @dataclasses.dataclass
@@ -226,6 +229,52 @@ def _region_fake(key, inputs, sizes, scalars, statistics):
     if statistics:
         return empty_results(entry.plan.training, [*shapes, *entry.training_shapes(frame)], inputs[0])
     return empty_results(entry.plan, shapes, inputs[0])
+
+
+def compile_ahead(graph: fx.Graph) -> None:
+    """Start compiling, in worker processes, the kernels the tuner will time at each region call's
+    first run (``Launcher.compile_ahead``), on empty tensors of the call's layouts: the backend calls
+    it before its inner compiler compiles ``graph``, which then compiles beside them. A call with
+    symbolic sizes or off the GPU, or one whose start fails, is left to its first run."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    started = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.fxflash.region.default:
+            continue
+        key, inputs, sizes = node.args[:3]
+        values = [n.meta.get("val") for n in inputs]
+        if not (all(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
+                and all(type(s) is int for s in sizes)):
+            continue
+        entry = registered(key)
+        frame, shapes, _ = entry.split(sizes)
+        statistics = _keeps_statistics(key, values)
+        layout = (entry.plan.source, statistics, tuple(sizes), tuple(_layout(v) for v in values))
+        if layout in started or entry.failed is not None or 0 in frame or not entry.plan.int32_index_ok(frame):
+            continue
+        started.add(layout)
+        try:
+            with unset_fake_temporarily():
+                tensors = [_empty_of(v) for v in values]
+                if statistics:
+                    entry.training_launcher.compile_ahead(tensors, sizes, frame,
+                                                          [*shapes, *entry.training_shapes(frame)], entry.views)
+                else:
+                    entry.launcher.compile_ahead(tensors, sizes, frame, shapes, entry.views)
+        except Exception as exc:  # noqa: BLE001 - the first run compiles what it needs
+            log.debug("fxflash: kernels of %s not compiled ahead: %s", key, exc)
+
+
+def _layout(v: torch.Tensor) -> tuple:
+    return tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device
+
+
+def _empty_of(v: torch.Tensor) -> torch.Tensor:
+    """An uninitialized tensor of ``v``'s layout (shape, strides and storage offset, so the same
+    pointer alignment), on ``v``'s device."""
+    extent = v.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(v.shape, v.stride())) if v.numel() else 0
+    return torch.empty(extent, dtype=v.dtype, device=v.device).as_strided(v.shape, v.stride(), v.storage_offset())
 
 
 def _keeps_statistics(key: str, inputs: list) -> bool:

@@ -9,6 +9,10 @@ the one ``JITFunction.preload`` reads) and returns True, which stops the JIT bef
 or launches. Worker processes then compile each specialization into Triton's on-disk cache, side
 by side, and the tuner's real launches load them from there.
 
+``start`` begins the same work without waiting for it: the backend calls it (``op.compile_ahead``)
+before its inner Inductor compiles the graph, which is mostly one thread's work, so the workers
+compile beside it; ``compile_all`` waits for what ``start`` began and compiles only the rest.
+
 Nothing here decides what runs: a specialization a worker did not compile (an older Triton
 without the hook, a worker that failed, a launch that specializes differently) is compiled by
 the launch itself, as before.
@@ -36,6 +40,9 @@ _RECORDING: contextvars.ContextVar = contextvars.ContextVar("fxflash_dry_launch"
 MAX_WORKERS = 16
 _pool: list = []
 _pool_lock = threading.Lock()
+_batch_lock = threading.Lock()
+_started: list = []    # compilations ``start`` began, not yet waited for (Futures)
+_compiled: set = set()  # (kernel module, specialization) compiled in workers by this process
 
 
 def _knobs():
@@ -88,9 +95,9 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def compile(self, jobs: list) -> int:
-        """Compile ``jobs`` one after another; how many compiled."""
-        return sum(self._answer_to(job) == "ok" for job in jobs)
+    def compile(self, jobs: list) -> list:
+        """Compile ``jobs`` one after another; those that compiled."""
+        return [job for job in jobs if self._answer_to(job) == "ok"]
 
     def _answer_to(self, job: dict) -> str:
         """Send ``job``; the worker's answer ("ok", or "error …")."""
@@ -131,24 +138,70 @@ def _close_all() -> None:
         worker.close()
 
 
+def start(launches: list) -> None:
+    """``compile_all`` begun and not waited for: the specializations are recorded now (dry
+    launches, in this thread), and a thread of its own hands them to the workers. The backend
+    starts it before its inner compiler compiles the graph, whose work is mostly one thread's;
+    ``compile_all`` waits for it first."""
+    jobs, _ = _jobs_of(launches)
+    if not jobs:
+        return
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def compile_jobs():
+        try:
+            future.set_result(_compile(jobs))
+        except BaseException as exc:  # noqa: BLE001 - the tuner's launches compile what is left
+            future.set_exception(exc)
+
+    with _pool_lock:
+        _started.append(future)
+    threading.Thread(target=compile_jobs, name="fxflash-precompile", daemon=True).start()
+
+
 def compile_all(launches: list) -> int:
     """Compile in worker processes what each of ``launches`` (dry-runnable callables) would
-    compile, side by side; waits for them. Returns how many specializations compiled there."""
+    compile, side by side; waits for them, and for compilations ``start`` began. Returns how many
+    of the launches' specializations were compiled there."""
+    with _pool_lock:
+        started, _started[:] = list(_started), []
+    for future in started:
+        with contextlib.suppress(Exception):
+            future.result()
+    jobs, earlier = _jobs_of(launches)
+    return earlier + (_compile(jobs) if jobs else 0)
+
+
+def _jobs_of(launches: list) -> tuple[list, int]:
+    """(the compile jobs of the specializations ``launches`` would compile, but for those compiled
+    in workers before; how many of those there were)."""
     from .cache import source_of
 
-    seen, jobs = set(), []
+    seen, jobs, earlier = set(), [], 0
     for run in launches:
         for fn, data in specializations(run):
             if data in seen:
                 continue  # the same kernel and specialization (the repair kernel of each candidate)
             seen.add(data)
             module = fn.fn.__module__
+            if (module, data) in _compiled:
+                earlier += 1
+                continue
             source = source_of(module)
             if source is not None:  # a kernel of fxflash's (no other is launched here)
                 jobs.append(dict(source=source, module=module, file=sys.modules[module].__file__,
                                  name=fn.fn.__name__, data=data))
-    if not jobs:
-        return 0
+    return jobs, earlier
+
+
+def _compile(jobs: list) -> int:
+    """Compile ``jobs`` in workers, side by side; how many compiled. One batch at a time: a
+    worker answers one job at a time, over one pipe."""
+    with _batch_lock:
+        return _compile_batch(jobs)
+
+
+def _compile_batch(jobs: list) -> int:
     workers = start_workers(len(jobs))
     shares = [jobs[i::len(workers)] for i in range(len(workers))]
     with concurrent.futures.ThreadPoolExecutor(len(workers)) as threads:
@@ -156,5 +209,7 @@ def compile_all(launches: list) -> int:
         done = 0
         for future in futures:
             with contextlib.suppress(Exception):  # a broken worker: the launches compile its share
-                done += future.result()
+                compiled = future.result()
+                _compiled.update((job["module"], job["data"]) for job in compiled)
+                done += len(compiled)
     return done

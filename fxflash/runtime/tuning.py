@@ -387,6 +387,22 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
     return tile
 
 
+def compile_ahead(source: str, candidates, dtypes, device: str, frame, launch: Callable[[Tile], object]) -> None:
+    """Start compiling ``candidates`` (kernel configurations) in worker processes and return at
+    once, where ``choose`` would time them for this launch (nothing is chosen yet in this process
+    or in tuning.json): the backend calls it before its inner compiler compiles the graph, so that
+    the two compile side by side and the tuner's first launches load the kernels
+    (``precompile.start``). ``launch(tile)``: the launch of ``tile``, run dry."""
+    candidates = [tuple(c) for c in candidates]
+    if not (config.autotune and config.precompile) or len(candidates) < 2:
+        return
+    key = tuning_key(source, dtypes, device, frame)
+    with _lock:
+        if key in _chosen or _stored_tile(key, candidates) is not None:
+            return
+    precompile.start([functools.partial(launch, tile) for tile in candidates])
+
+
 def _compile_all(candidates, run, device_index) -> int:
     """Compile every candidate in worker processes (precompile.py; returns how many kernels
     compiled there), then launch each once from a thread of its own, which loads what the
