@@ -452,6 +452,25 @@ def test_generated_gluon_kernel_on_gpu(name, dtype, d, tile):
 
 
 @needs_hopper
+@pytest.mark.parametrize("tile", GLUON_CONFIGS[64][::2], ids=lambda x: "x".join(map(str, x[1:])))  # 3 and 2 consumers
+def test_gluon_kernel_of_blooms_widened_q_and_k_on_gpu(tile):
+    """BLOOM's baddbmm in bf16 (torch's decomposition widens Q and K to fp32 before the contraction):
+    the Gluon kernel dots their 16-bit tiles with fp32 sums, the same exact products and fp32 sums,
+    and keeps eager's accuracy with BLOOM's ALiBi rows and its ``finfo.min`` causal mask."""
+    from test_batch_views import bloom_attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 384, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    alibi = (2.0 ** -torch.arange(1, 5.0)[:, None] * torch.arange(384.0)).repeat(2, 1)[:, None].to("cuda", torch.bfloat16)
+    mask = torch.zeros(2, 1, 384, 384, device="cuda", dtype=torch.bfloat16).masked_fill(
+        torch.ones(384, 384, dtype=torch.bool, device="cuda").triu(1), torch.finfo(torch.bfloat16).min)
+    args = (q, k, v, alibi, mask)
+    (region,) = fxflash.explain(bloom_attention, *args).regions
+    assert region.fused and "warp_specialize" in region.gluon_source, region.steps
+    assert_accurate(bloom_attention, args, _pinned_call(fxflash.optimize(bloom_attention), args, tile))
+
+
+@needs_hopper
 @pytest.mark.parametrize("fn", [_additive_minus_inf, _additive_minus_inf_window], ids=["causal", "window"])
 @pytest.mark.parametrize("tile", GLUON_CONFIGS[64][:2], ids=lambda x: "x".join(map(str, x[1:])))
 def test_gluon_kernel_skips_by_additive_minus_inf_masks_under_their_bound_on_gpu(fn, tile):
