@@ -372,7 +372,6 @@ REGION_RULES = (
     (lambda r: r.q.transposed or not r.k.transposed or r.v.transposed,
      "an operand stored transposed (TMA reads Q, K and V as [rows, head dim])"),
     (lambda r: bool(r.v.scale), "V scaled before the matmul"),
-
     (lambda r: score_scale(r) is None, "K scaled before the matmul by a factor other than a positive power of two"),
     (_dtype_refusal, None),
 )

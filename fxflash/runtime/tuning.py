@@ -398,7 +398,7 @@ def compile_ahead(source: str, candidates, dtypes, device: str, frame, launch: C
         return
     key = tuning_key(source, dtypes, device, frame)
     with _lock:
-        if key in _chosen or _stored_tile(key, candidates) is not None:
+        if key in _chosen or _stored_tile(key, [*candidates, *OWN_OPS]) is not None:
             return
     precompile.start([functools.partial(launch, tile) for tile in candidates])
 
