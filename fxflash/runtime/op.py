@@ -235,9 +235,12 @@ def compile_ahead(graph: fx.Graph) -> None:
     """Start compiling, in worker processes, the kernels the tuner will time at each region call's
     first run (``Launcher.compile_ahead``), on empty tensors of the call's layouts: the backend calls
     it before its inner compiler compiles ``graph``, which then compiles beside them. A call with
-    symbolic sizes or off the GPU, or one whose start fails, is left to its first run."""
+    symbolic sizes or off the GPU, or one whose start fails, is left to its first run, as is every
+    call while a CUDA graph is captured (a dry launch's own ops would be recorded)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
     started = set()
     for node in graph.nodes:
         if node.op != "call_function" or node.target is not torch.ops.fxflash.region.default:
