@@ -23,7 +23,8 @@ def device():
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
                      help="run the I-th (from 0) of N interleaved parts of the selected tests, e.g. the GPU "
-                          "suite in device calls of limited length: -m gpu --shard 0/3, 1/3, 2/3")
+                          "suite in device calls of limited length: -m gpu --shard 0/3, 1/3, 2/3; several "
+                          "parts as I,J/N (.ci/run spreads the CPU suite over two cores so)")
     parser.addoption("--fusion-off-check", action="store_true",
                      help="with FXFLASH_FUSE=0: a test not marked fusion_independent must fail (it checks the "
                           "fused path); it is reported failed if it passes and passed if it fails")
@@ -68,10 +69,11 @@ def pytest_collection_modifyitems(config, items):
     if shard is None:
         return
     try:
-        index, parts = (int(x) for x in shard.split("/"))
+        indices, parts = shard.split("/")
+        indices, parts = {int(x) for x in indices.split(",")}, int(parts)
     except ValueError:
-        raise pytest.UsageError(f"--shard takes I/N (two integers, 0 <= I < N), not {shard!r}") from None
-    if not 0 <= index < parts:
-        raise pytest.UsageError(f"--shard {shard}: I must satisfy 0 <= I < N")
-    config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % parts != index])
-    items[:] = [item for k, item in enumerate(items) if k % parts == index]
+        raise pytest.UsageError(f"--shard takes I/N or I,J/N (integers, 0 <= I < N), not {shard!r}") from None
+    if not all(0 <= index < parts for index in indices):
+        raise pytest.UsageError(f"--shard {shard}: each I must satisfy 0 <= I < N")
+    config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % parts not in indices])
+    items[:] = [item for k, item in enumerate(items) if k % parts in indices]

@@ -1,5 +1,5 @@
 """``--shard I/N`` (conftest.py): the selected tests split into N interleaved parts, each run
-once, for a GPU suite longer than one call of a lent machine."""
+once, for a GPU suite longer than one call of a lent machine; ``I,J/N`` runs several parts."""
 import os
 import re
 import subprocess
@@ -40,7 +40,15 @@ def test_the_parts_run_every_selected_test_once(tmp_path):
     assert sorted(ran) == sorted(f"test_case[{i}]" for i in range(7))  # the gpu-marked test deselected first
 
 
+def test_several_parts_run_together_are_their_union(tmp_path):
+    """``--shard 0,2/3``: the first and third parts in one run (.ci/run's split over two cores)."""
+    done = run(tmp_path, "--shard", "0,2/3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = re.findall(r"test_program.py::(\S+) PASSED", done.stdout)
+    assert sorted(ran) == sorted(f"test_case[{i}]" for i in range(7) if i % 3 != 1)
+
+
 def test_a_malformed_shard_says_what_it_takes(tmp_path):
-    for shard, message in (("3/3", "0 <= I < N"), ("two", "takes I/N")):
+    for shard, message in (("3/3", "0 <= I < N"), ("0,3/3", "0 <= I < N"), ("two", "takes I/N")):
         done = run(tmp_path, "--shard", shard)
         assert done.returncode != 0 and message in done.stdout + done.stderr
