@@ -75,5 +75,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"--shard takes I/N or I,J/N (integers, 0 <= I < N), not {shard!r}") from None
     if not all(0 <= index < parts for index in indices):
         raise pytest.UsageError(f"--shard {shard}: each I must satisfy 0 <= I < N")
-    config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % parts not in indices])
-    items[:] = [item for k, item in enumerate(items) if k % parts in indices]
+    # a module that sets SHARD_WHOLE (its tests read what earlier ones recorded) stays in the part
+    # of its first test
+    whole: dict = {}
+    parts_of = [whole.setdefault(item.module, k % parts) if getattr(item.module, "SHARD_WHOLE", False)
+                else k % parts for k, item in enumerate(items)]
+    config.hook.pytest_deselected(items=[item for item, part in zip(items, parts_of) if part not in indices])
+    items[:] = [item for item, part in zip(items, parts_of) if part in indices]

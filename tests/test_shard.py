@@ -23,8 +23,9 @@ def test_on_gpu():
 '''
 
 
-def run(tmp_path, *options):
-    (tmp_path / "test_program.py").write_text(PROGRAM)
+def run(tmp_path, *options, keep=False):
+    if not keep:   # the test's own program otherwise
+        (tmp_path / "test_program.py").write_text(PROGRAM)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))  # conftest.py, loaded as a plugin
     return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "conftest",
                            "-m", "not gpu", *options, "test_program.py"],
@@ -46,6 +47,18 @@ def test_several_parts_run_together_are_their_union(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     ran = re.findall(r"test_program.py::(\S+) PASSED", done.stdout)
     assert sorted(ran) == sorted(f"test_case[{i}]" for i in range(7) if i % 3 != 1)
+
+
+def test_a_module_that_asks_to_stay_whole_runs_in_one_part(tmp_path):
+    """A module with ``SHARD_WHOLE = True`` (its tests read what earlier ones recorded) runs in the
+    part of its first test."""
+    (tmp_path / "test_program.py").write_text(PROGRAM + "\nSHARD_WHOLE = True\n")
+    counts = []
+    for index in range(3):
+        done = run(tmp_path, "--shard", f"{index}/3", keep=True)
+        assert done.returncode in (0, 5), done.stdout + done.stderr   # 5: no test selected
+        counts.append(len(re.findall(r"test_program.py::\S+ PASSED", done.stdout)))
+    assert counts == [7, 0, 0]
 
 
 def test_a_malformed_shard_says_what_it_takes(tmp_path):
