@@ -118,6 +118,23 @@ class RegisteredRegion:
         ints, floats = iter(self.split(sizes)[2]), iter(scalars)
         return [next(floats) if f else next(ints) for f in self.extra_is_float]
 
+    def launches(self, frame, shapes) -> bool:
+        """Does a call of these sizes launch the kernel? Not where there is nothing to tile, where
+        the kernel's int32 index arithmetic could overflow, or after the kernel failed."""
+        return self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame))
+
+    def compile_ahead(self, inputs, sizes, statistics: bool) -> None:
+        """``Launcher.compile_ahead`` for a call of ``run`` on tensors of ``inputs``' layouts: the
+        same launcher (the training forward's with ``statistics``) and results, where it launches."""
+        frame, shapes, _ = self.split(sizes)
+        if not self.launches(frame, shapes):
+            return
+        if statistics:
+            self.training_launcher.compile_ahead(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)],
+                                                 self.views)
+        else:
+            self.launcher.compile_ahead(inputs, sizes, frame, shapes, self.views)
+
     def run(self, inputs, sizes, scalars, views=None, statistics: bool = False) -> list:
         """``views``: the view chains folded into a direct call (``launch.replay_views``), before the
         region's own (``self.views``); ``statistics``: run the training forward (``plan.training``),
@@ -125,7 +142,7 @@ class RegisteredRegion:
         ``training_shapes``)."""
         frame, shapes, _ = self.split(sizes)
         views = then_views(views, self.views)
-        if self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame)):
+        if self.launches(frame, shapes):
             try:
                 with stage("launch", PinRefused):
                     if statistics:  # no eager candidate: the region's own ops give no statistics
@@ -233,7 +250,7 @@ def _region_fake(key, inputs, sizes, scalars, statistics):
 
 def compile_ahead(graph: fx.Graph) -> None:
     """Start compiling, in worker processes, the kernels the tuner will time at each region call's
-    first run (``Launcher.compile_ahead``), on empty tensors of the call's layouts: the backend calls
+    first run (``RegisteredRegion.compile_ahead``), on empty tensors of the call's layouts: the backend calls
     it before its inner compiler compiles ``graph``, which then compiles beside them. A call with
     symbolic sizes or off the GPU, or one whose start fails, is left to its first run, as is every
     call while a CUDA graph is captured (a dry launch's own ops would be recorded)."""
@@ -251,20 +268,14 @@ def compile_ahead(graph: fx.Graph) -> None:
                 and all(type(s) is int for s in sizes)):
             continue
         entry = registered(key)
-        frame, shapes, _ = entry.split(sizes)
         statistics = _keeps_statistics(key, values)
         layout = (entry.plan.source, statistics, tuple(sizes), tuple(_layout(v) for v in values))
-        if layout in started or entry.failed is not None or 0 in frame or not entry.plan.int32_index_ok(frame):
+        if layout in started:
             continue
         started.add(layout)
         try:
             with unset_fake_temporarily():
-                tensors = [_empty_of(v) for v in values]
-                if statistics:
-                    entry.training_launcher.compile_ahead(tensors, sizes, frame,
-                                                          [*shapes, *entry.training_shapes(frame)], entry.views)
-                else:
-                    entry.launcher.compile_ahead(tensors, sizes, frame, shapes, entry.views)
+                entry.compile_ahead([_empty_of(v) for v in values], sizes, statistics)
         except Exception as exc:  # noqa: BLE001 - the first run compiles what it needs
             log.debug("fxflash: kernels of %s not compiled ahead: %s", key, exc)
 
