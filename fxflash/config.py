@@ -32,7 +32,8 @@ class Config:
     precompile:      before the tuner times a kernel's candidates, compile them side by side in
                      worker processes (runtime/precompile.py) rather than in this process, where
                      compilations barely overlap, under the inner Inductor while it compiles the
-                     graph; ``FXFLASH_PRECOMPILE=0`` compiles them here, at the first launch.
+                     graph (with the region's own ops, which the tuner times as Inductor compiles
+                     them); ``FXFLASH_PRECOMPILE=0`` compiles them here, at the first launch.
     time_eager:      on GPUs, the tuner also times the region's own ops (run by PyTorch, or
                      compiled by Inductor where it compiles the rest of the graph) and runs
                      them instead of the kernel where they are faster: a region never runs slower

@@ -170,10 +170,26 @@ def test_torch_compile_on_gpu(name, inner):
     assert all(r.fused for r in recent_reports[0].regions), [r.reason for r in recent_reports[0].regions]
 
 
-def test_the_tuners_kernels_compile_beside_inductor_on_gpu(tmp_path, monkeypatch):
-    """The backend starts compiling a region's tile candidates in the worker processes
-    (``precompile.start``, from ``op.compile_ahead``) before its inner Inductor compiles the graph;
-    the first run's tuner waits for them and compiles nothing more, and the result is eager's."""
+@pytest.fixture
+def fresh_workers():
+    """Compile workers started by the test (with its environment), closed after it."""
+    from fxflash.runtime import precompile
+
+    precompile._close_all()
+    precompile._pool.clear()
+    yield
+    precompile._close_all()
+    precompile._pool.clear()
+
+
+def test_the_tuners_kernels_compile_beside_inductor_on_gpu(tmp_path, monkeypatch, fresh_workers):
+    """The backend starts compiling a region's tile candidates and its own ops (as Inductor compiles
+    them, which the tuner times beside the kernels) in the worker processes (``precompile.start``,
+    from ``op.compile_ahead``) before its inner Inductor compiles the graph; the first run's tuner
+    waits for them, compiles no kernel more and loads the own ops from Inductor's cache, and the
+    result is eager's."""
+    from torch._dynamo.utils import counters
+
     import importlib
 
     import triton
@@ -186,23 +202,28 @@ def test_the_tuners_kernels_compile_beside_inductor_on_gpu(tmp_path, monkeypatch
         pytest.skip("this Triton has no jit_cache_hook")
     monkeypatch.setattr(fxflash.config, "kernel_cache_dir", str(tmp_path))
     monkeypatch.setattr(fxflash.config, "autotune", True)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # a hit only from the worker
     tuning.forget()
     events = []
     start, inner = precompile.start, backend._inner_compile
-    monkeypatch.setattr(precompile, "start", lambda launches: (events.append("start"), start(launches))[1])
+    monkeypatch.setattr(precompile, "start", lambda launches, graphs=(): (
+        events.append("start"), events.append(len(graphs)), start(launches, graphs))[2])
     monkeypatch.setattr(backend, "_inner_compile", lambda *a, **k: (events.append("inductor"), inner(*a, **k))[1])
     monkeypatch.setattr(precompile, "_compile", lambda jobs: (events.append(len(jobs)), precompile._compile_batch(jobs))[1])
     torch._dynamo.reset()
+    counters.clear()
     variant = VARIANTS["causal"]
     args = variant.inputs(Shape(B=2, H=3, Hkv=3, M=333, N=333, D=64, Dv=64), torch.bfloat16, "cuda")
     compiled = torch.compile(variant.fn, backend="fxflash")
     assert_accurate(variant.fn, args, compiled(*args))
-    # started before Inductor ran (the workers compile in a thread of their own: the count of their
-    # jobs comes when they begin); the first run compiled nothing more in workers
-    batches = [e for e in events if isinstance(e, int)]
-    assert events[0] == "start" and "inductor" in events and len(batches) == 1 and batches[0] > 1, events
+    # started before Inductor ran, with one graph (the workers compile in a thread of their own: the
+    # count of their jobs comes when they begin); the first run compiled nothing more in workers
+    graphs, *batches = [e for e in events if isinstance(e, int)]
+    assert events[0] == "start" and "inductor" in events and graphs == 1, events
+    assert len(batches) == 1 and batches[0] > 1, events
     (tuned,) = [h for h in tuning.history if not h["from_disk"]][-1:]
-    assert tuned["compiled_in_workers"] >= batches[0]
+    assert tuned["compiled_in_workers"] >= batches[0] - graphs
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1, dict(counters["inductor"])
     tuning.forget()
 
 

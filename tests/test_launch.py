@@ -214,10 +214,10 @@ def test_under_the_inner_inductor_a_region_times_its_own_ops_as_inductor_compile
         run(own)
         return own
 
-    inductor_compile = torch._inductor.compile
+    inductor_compile = op._inductor_compile
     run = torch.compile(variant.fn, backend=fxflash.backend(inner="inductor"))
     monkeypatch.setattr(launch, "tile_for", tuner)
-    monkeypatch.setattr(torch._inductor, "compile", lambda gm, inputs: compiled.append(gm) or inductor_compile(gm, inputs))
+    monkeypatch.setattr(op, "_inductor_compile", lambda gm, inputs: compiled.append(gm) or inductor_compile(gm, inputs))
     assert_accurate(variant.fn, args, run(*args))
     assert offered == [tuning.COMPILED] and len(compiled) == 1
 

@@ -281,6 +281,39 @@ def test_a_worker_that_cannot_compile_a_job_answers_so_and_serves_the_next():
 
 
 @pytest.mark.fusion_independent
+def test_a_graph_compiled_by_a_worker_is_loaded_from_inductors_cache(tmp_path, monkeypatch):
+    """A region's own ops compiled ahead by a worker (precompile.graph_job) are what the tuner's own
+    compilation of them loads (op._inductor_compile): a hit in Inductor's on-disk cache, for inputs
+    that are views (their strides and offset sent), with a scalar beside them, and a mask made by
+    factory ops of constant arguments (which a pickled GraphModule would hold as a constant)."""
+    from torch._dynamo.utils import counters
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxflash.runtime import op, precompile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+
+    def attention(q, k, v, scale):
+        causal = torch.ones(17, 17, dtype=torch.bool).tril()
+        return (torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~causal, -1e4), -1) @ v,)
+
+    q, k, v = (torch.randn(2, 3, 17, 24)[..., 4:20] for _ in range(3))
+    module = make_fx(attention)(q, k, v, 0.25)
+    args = [q, k, v, 0.25]
+    worker = precompile._Worker()
+    try:
+        job = precompile.graph_job(module, args)
+        assert job["inputs"][0][1:3] == [list(q.stride()), 4]
+        assert worker.compile([job]) == [job]
+    finally:
+        worker.close()
+    counters.clear()
+    compiled = op._inductor_compile(module, args)
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1 and counters["inductor"]["fxgraph_cache_miss"] == 0, dict(counters["inductor"])
+    torch.testing.assert_close(compiled(*args)[0], attention(*args)[0])
+
+
+@pytest.mark.fusion_independent
 def test_compilations_started_ahead_are_waited_for_and_never_repeated(monkeypatch):
     """precompile.start records the specializations now and compiles them in a thread of its own;
     compile_all waits for it, then compiles only what was not compiled before, and counts both."""

@@ -1,10 +1,15 @@
 """A compile worker of runtime/precompile.py, run as a script (``python compile_worker.py``) so
 that it imports Triton and torch only, not the fxflash package (which would double its start).
 
-It reads one job per line on standard input (JSON: a kernel's source, its module's name and file
-name, the kernel's name and Triton's serialized specialization), compiles it into Triton's on-disk cache
-(``JITFunction.preload``) and answers one line starting with ``ANSWER``: "ok", or "error" and
-why. Other lines on its output are what imports printed. It ends when its input ends.
+It reads one job per line on standard input (JSON) and answers one line starting with ``ANSWER``:
+"ok", or "error" and why. Other lines on its output are what imports printed. It ends when its
+input ends. A job is one of:
+
+- a kernel: its source, its module's name and file name, the kernel's name and Triton's serialized
+  specialization, compiled into Triton's on-disk cache (``JITFunction.preload``);
+- a graph (``"graph"``): a GraphModule's Python code and the layouts of its inputs, compiled by
+  Inductor's ``standalone_compile`` into Inductor's on-disk caches, from which the same compilation in
+  the parent process loads it (``compile_graph``).
 """
 import json
 import linecache
@@ -33,6 +38,41 @@ def load(source: str, module_name: str, filename: str, name: str):
     return getattr(module, name)
 
 
+def _input(spec):
+    """An example input of a graph job: a scalar as it is, or an uninitialized tensor of the
+    layout ``[shape, strides, storage offset, dtype name, device]`` (a cache key reads all of it)."""
+    import torch
+
+    if not isinstance(spec, list):
+        return spec
+    shape, stride, offset, dtype, device = spec
+    extent = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+    base = torch.empty(extent, dtype=getattr(torch, dtype), device=device)
+    return base.as_strided(shape, stride, offset)
+
+
+def compile_graph(job: dict) -> None:
+    """Compile the job's graph for its inputs as the parent's ``standalone_compile`` would, with
+    the parent's matmul settings (part of Inductor's cache key); one compile thread, as this
+    worker is one of several."""
+    import torch
+    import torch._inductor.config as inductor_config
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inductor_config.compile_threads = 1
+    for name, value in job["settings"].items():  # set only where they differ: setting one sets the
+        if getattr(torch.backends.cuda.matmul, name) != value:  # precision the key reads ("none" → "ieee")
+            setattr(torch.backends.cuda.matmul, name, value)
+    if job["device"] is not None:
+        torch.cuda.set_device(job["device"])
+    namespace: dict = {}
+    exec(compile(job["graph"], "<fxflash graph>", "exec"), namespace)
+    forward, inputs = namespace["forward"], [_input(spec) for spec in job["inputs"]]
+    with torch.no_grad():  # the module's ops as the parent's AOTAutograd traces them, on fake tensors
+        module = make_fx(lambda *args: forward(None, *args), tracing_mode="fake")(*inputs)
+        torch._inductor.standalone_compile(module, inputs, dynamic_shapes="from_example_inputs")
+
+
 def serve() -> None:
     import torch
     import triton  # noqa: F401 - imported before the first job arrives
@@ -42,7 +82,10 @@ def serve() -> None:
     for line in sys.stdin:
         try:
             job = json.loads(line)
-            load(job["source"], job["module"], job["file"], job["name"]).preload(job["data"])
+            if "graph" in job:
+                compile_graph(job)
+            else:
+                load(job["source"], job["module"], job["file"], job["name"]).preload(job["data"])
             answer = "ok"
         except Exception as exc:  # the launch compiles it instead
             answer = f"error {type(exc).__name__}: {exc}".replace("\n", " ")

@@ -461,17 +461,21 @@ class Launcher:
             repair = self.run_repair(inputs, frame, out, sides, flags[0], symints) if flags else None
         return compiled, grid, args, repair
 
-    def compile_ahead(self, inputs, sizes, frame, out_shapes, views=None) -> None:
+    def compile_ahead(self, inputs, sizes, frame, out_shapes, views=None, own_ops=None) -> None:
         """Start compiling the candidates the tuner will time for a launch of this layout
         (``inputs``: tensors of the call's layout, their values never read as data), in worker
-        processes, and return (``tuning.compile_ahead``); nothing where the choice is known."""
+        processes, and return (``tuning.compile_ahead``); nothing where the choice is known.
+        ``own_ops(inputs)``: the compile job of the region's own ops on these inputs (after
+        ``views``), where the tuner would time them compiled (``tile_for``'s condition)."""
         if tuning.pinned_tile() is not None or interpreting() or inputs[0].device.type != "cuda":
             return
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
         symints, inputs = self.plan.symints(sizes), replay_views(inputs, views)
         source, candidates = tile_candidates(self.plan, inputs, frame)
+        timed = own_ops is not None and config.time_eager and _eager_fits(frame, inputs[0].device)
         tuning.compile_ahead(source, candidates, [t.dtype for t in inputs], _device_label(inputs[0].device.index),
-                             frame, lambda tile: self.launch_tile(tile, inputs, frame, out, sides, symints))
+                             frame, lambda tile: self.launch_tile(tile, inputs, frame, out, sides, symints),
+                             functools.partial(own_ops, inputs) if timed else None)
 
     def first_launch(self, key, inputs, frame, out, sides, views=None, symints=(), own_ops=None):
         """Choose the tile (tuning), launch it and remember the launch for ``key``; returns the

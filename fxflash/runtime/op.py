@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from ..internal import InternalError, stage, warn
 from ..codegen.emit import KernelPlan
-from . import tuning
+from . import precompile, tuning
 from .launch import Launcher, PinRefused, empty_results, replay_views
 
 log = logging.getLogger("fxflash")
@@ -100,10 +100,9 @@ class RegisteredRegion:
         if compiled is None and len(self.compiled) >= COMPILED_LAYOUTS:
             return self.reference(*args)
         if compiled is None:
-            from torch._inductor import compile as inductor_compile
-
-            compiled = self.compiled[key] = inductor_compile(self.reference, list(args))
-        return compiled(*args)
+            compiled = self.compiled[key] = _inductor_compile(self.reference, list(args))
+        with torch.no_grad():
+            return compiled(*args)
 
     def split(self, sizes):
         """(frame sizes, [shape of each output], extra integer sizes) from ``sizes``."""
@@ -123,17 +122,24 @@ class RegisteredRegion:
         the kernel's int32 index arithmetic could overflow, or after the kernel failed."""
         return self.failed is None and not (0 in frame or 0 in shapes[0] or not self.plan.int32_index_ok(frame))
 
-    def compile_ahead(self, inputs, sizes, statistics: bool) -> None:
+    def compile_ahead(self, inputs, sizes, scalars, statistics: bool) -> None:
         """``Launcher.compile_ahead`` for a call of ``run`` on tensors of ``inputs``' layouts: the
-        same launcher (the training forward's with ``statistics``) and results, where it launches."""
+        same launcher (the training forward's with ``statistics``) and results, where it launches;
+        with the region's own ops where ``run`` would have Inductor compile them (COMPILED)."""
         frame, shapes, _ = self.split(sizes)
         if not self.launches(frame, shapes):
             return
         if statistics:
             self.training_launcher.compile_ahead(inputs, sizes, frame, [*shapes, *self.training_shapes(frame)],
                                                  self.views)
-        else:
-            self.launcher.compile_ahead(inputs, sizes, frame, shapes, self.views)
+            return
+        compiled = self.replaced == "inductor" and all(type(s) in (int, float) for s in scalars)
+        self.launcher.compile_ahead(inputs, sizes, frame, shapes, self.views,
+                                    functools.partial(self._own_ops_job, sizes, scalars) if compiled else None)
+
+    def _own_ops_job(self, sizes, scalars, inputs) -> dict | None:
+        """The compile job of ``own_ops(COMPILED, …)`` on ``inputs`` (``precompile.graph_job``)."""
+        return precompile.graph_job(self.reference, [*inputs, *self.extras(sizes, scalars)])
 
     def run(self, inputs, sizes, scalars, views=None, statistics: bool = False) -> list:
         """``views``: the view chains folded into a direct call (``launch.replay_views``), before the
@@ -168,6 +174,20 @@ class RegisteredRegion:
             if "o" in outputs:
                 results.append(inputs[0].new_empty([*frame[:-1], self.plan.dv], dtype=self.plan.training.side_dtypes[-1]))
         return results
+
+
+def _inductor_compile(module: fx.GraphModule, args: list):
+    """``module`` compiled by Inductor for ``args``' layouts, through ``standalone_compile``, whose
+    compilations Inductor caches on disk (a compile worker's, ``precompile.graph_job``, among them;
+    ``torch._inductor.compile`` bypasses the cache). Without gradients, as the worker compiles it
+    (grad mode is part of the cache key): the region's backward never runs through these ops."""
+    import torch._inductor
+
+    standalone = getattr(torch._inductor, "standalone_compile", None)
+    with torch.no_grad():
+        if standalone is None or not callable(standalone):
+            return torch._inductor.compile(module, args)
+        return standalone(module, args, dynamic_shapes="from_example_inputs")
 
 
 def then_views(first, then) -> tuple | None:
@@ -262,7 +282,7 @@ def compile_ahead(graph: fx.Graph) -> None:
     for node in graph.nodes:
         if node.op != "call_function" or node.target is not torch.ops.fxflash.region.default:
             continue
-        key, inputs, sizes = node.args[:3]
+        key, inputs, sizes, scalars = node.args[:4]
         values = [n.meta.get("val") for n in inputs]
         if not (all(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
                 and all(type(s) is int for s in sizes)):
@@ -275,7 +295,7 @@ def compile_ahead(graph: fx.Graph) -> None:
         started.add(layout)
         try:
             with unset_fake_temporarily():
-                entry.compile_ahead([_empty_of(v) for v in values], sizes, statistics)
+                entry.compile_ahead([_empty_of(v) for v in values], sizes, scalars, statistics)
         except Exception as exc:  # noqa: BLE001 - the first run compiles what it needs
             log.debug("fxflash: kernels of %s not compiled ahead: %s", key, exc)
 

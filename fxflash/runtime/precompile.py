@@ -12,6 +12,9 @@ by side, and the tuner's real launches load them from there.
 ``start`` begins the same work without waiting for it: the backend calls it (``op.compile_ahead``)
 before its inner Inductor compiles the graph, which is mostly one thread's work, so the workers
 compile beside it; ``compile_all`` waits for what ``start`` began and compiles only the rest.
+``start`` also takes graphs (``graph_job``): a region's own ops, which the tuner times as Inductor
+compiles them, compiled by a worker into Inductor's on-disk caches, which the tuner's own
+compilation then loads (``op.RegisteredRegion.own_ops``).
 
 Nothing here decides what runs: a specialization a worker did not compile (an older Triton
 without the hook, a worker that failed, a launch that specializes differently) is compiled by
@@ -138,12 +141,39 @@ def _close_all() -> None:
         worker.close()
 
 
-def start(launches: list) -> None:
+# The matmul settings of this process that Inductor's cache key reads, set alike in a worker
+# that compiles a graph for it.
+GRAPH_SETTINGS = ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction")
+
+
+def graph_job(module, args: list) -> dict | None:
+    """The job of compiling GraphModule ``module`` for ``args`` (tensors, whose layouts are sent,
+    and scalars) as ``torch._inductor.standalone_compile`` would here. The module is sent as its
+    Python code: unpickling a GraphModule traces that code symbolically again, which runs a factory
+    op of constant arguments (``full``, ``iota``) and keeps its result as a constant, a graph Inductor
+    would key differently. None where the module holds attributes (constants, submodules)."""
+    import torch
+    from torch.fx.graph_module import _format_import_block
+    from torch.package import sys_importer
+
+    if any(node.op in ("get_attr", "call_module") for node in module.graph.nodes):
+        return None
+    code = module.graph.python_code(root_module="self")
+    inputs = [[list(a.shape), list(a.stride()), a.storage_offset(), str(a.dtype).removeprefix("torch."), str(a.device)]
+              if isinstance(a, torch.Tensor) else a for a in args]
+    settings = {name: getattr(torch.backends.cuda.matmul, name) for name in GRAPH_SETTINGS}
+    device = next((a.device.index for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+    return dict(graph=_format_import_block(code.globals, sys_importer) + "\n" + code.src, inputs=inputs,
+                settings=settings, device=device)
+
+
+def start(launches: list, graphs: tuple = ()) -> None:
     """``compile_all`` begun and not waited for: the specializations are recorded now (dry
-    launches, in this thread), and a thread of its own hands them to the workers. The backend
-    starts it before its inner compiler compiles the graph, whose work is mostly one thread's;
-    ``compile_all`` waits for it first."""
-    jobs, _ = _jobs_of(launches)
+    launches, in this thread), and a thread of its own hands them to the workers, after the
+    ``graphs`` (``graph_job``s: the longest, started first). The backend starts it before its
+    inner compiler compiles the graph, whose work is mostly one thread's; ``compile_all`` waits
+    for it first."""
+    jobs = [*graphs, *_jobs_of(launches)[0]]
     if not jobs:
         return
     future: concurrent.futures.Future = concurrent.futures.Future()
@@ -159,15 +189,20 @@ def start(launches: list) -> None:
     threading.Thread(target=compile_jobs, name="fxflash-precompile", daemon=True).start()
 
 
-def compile_all(launches: list) -> int:
-    """Compile in worker processes what each of ``launches`` (dry-runnable callables) would
-    compile, side by side; waits for them, and for compilations ``start`` began. Returns how many
-    of the launches' specializations were compiled there."""
+def wait_started() -> None:
+    """Wait for the compilations ``start`` began."""
     with _pool_lock:
         started, _started[:] = list(_started), []
     for future in started:
         with contextlib.suppress(Exception):
             future.result()
+
+
+def compile_all(launches: list) -> int:
+    """Compile in worker processes what each of ``launches`` (dry-runnable callables) would
+    compile, side by side; waits for them, and for compilations ``start`` began. Returns how many
+    of the launches' specializations were compiled there."""
+    wait_started()
     jobs, earlier = _jobs_of(launches)
     return earlier + (_compile(jobs) if jobs else 0)
 
@@ -210,6 +245,7 @@ def _compile_batch(jobs: list) -> int:
         for future in futures:
             with contextlib.suppress(Exception):  # a broken worker: the launches compile its share
                 compiled = future.result()
-                _compiled.update((job["module"], job["data"]) for job in compiled)
-                done += len(compiled)
+                kernels = [job for job in compiled if "graph" not in job]
+                _compiled.update((job["module"], job["data"]) for job in kernels)
+                done += len(kernels)
     return done

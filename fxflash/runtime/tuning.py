@@ -387,12 +387,15 @@ def choose(name: str, source: str, candidates, dtypes, device: str, frame,
     return tile
 
 
-def compile_ahead(source: str, candidates, dtypes, device: str, frame, launch: Callable[[Tile], object]) -> None:
+def compile_ahead(source: str, candidates, dtypes, device: str, frame, launch: Callable[[Tile], object],
+                  own_ops: Callable[[], dict | None] | None = None) -> None:
     """Start compiling ``candidates`` (kernel configurations) in worker processes and return at
     once, where ``choose`` would time them for this launch (nothing is chosen yet in this process
     or in tuning.json): the backend calls it before its inner compiler compiles the graph, so that
     the two compile side by side and the tuner's first launches load the kernels
-    (``precompile.start``). ``launch(tile)``: the launch of ``tile``, run dry."""
+    (``precompile.start``). ``launch(tile)``: the launch of ``tile``, run dry; ``own_ops()``: the
+    ``precompile.graph_job`` of the region's own ops where the tuner will time them as Inductor
+    compiles them (COMPILED), or None."""
     candidates = [tuple(c) for c in candidates]
     if not (config.autotune and config.precompile) or len(candidates) < 2:
         return
@@ -400,7 +403,8 @@ def compile_ahead(source: str, candidates, dtypes, device: str, frame, launch: C
     with _lock:
         if key in _chosen or _stored_tile(key, [*candidates, *OWN_OPS]) is not None:
             return
-    precompile.start([functools.partial(launch, tile) for tile in candidates])
+    graph = own_ops() if own_ops is not None else None
+    precompile.start([functools.partial(launch, tile) for tile in candidates], [graph] if graph else [])
 
 
 def _compile_all(candidates, run, device_index) -> int:
@@ -414,9 +418,10 @@ def _compile_all(candidates, run, device_index) -> int:
 
     # EAGER: nothing to compile; COMPILED: Inductor compiles it at its first run, in a thread of
     # its own started first, while the workers compile the kernels (its compilation is kept out of
-    # its timing)
+    # its timing), after what ``compile_ahead`` began (it may have compiled those ops already)
     candidates = [tile for tile in candidates if tile != EAGER]
     kernels = [tile for tile in candidates if tile != COMPILED]
+    precompile.wait_started()
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:
         futures = [pool.submit(first_launch, tile) for tile in candidates if tile == COMPILED]
         compiled = (precompile.compile_all([functools.partial(first_launch, tile) for tile in kernels])
