@@ -215,11 +215,13 @@ class KernelOptions:
     gluon_tma_tiles: bool
     gluon_tma_key_vectors: bool
     gluon_tma_store: bool
+    interpreter: bool = False  # the kernels run in Triton's interpreter (``interpreting()``)
 
 
 def kernel_options() -> KernelOptions:
-    """``config``'s kernel settings now."""
-    return KernelOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(KernelOptions)})
+    """``config``'s kernel settings now, and whether kernels run in Triton's interpreter."""
+    return KernelOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(KernelOptions)
+                            if f.name != "interpreter"}, interpreter=interpreting())
 
 
 def interpreting() -> bool:

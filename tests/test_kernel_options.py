@@ -7,7 +7,7 @@ import torch
 import fxflash
 from fxflash.codegen import gluon
 from fxflash.codegen.emit import emit_kernel
-from fxflash.config import KernelOptions, kernel_options
+from fxflash.config import KernelOptions, interpreting, kernel_options
 from fxflash.variants import VARIANTS, Shape
 from helpers import needs_gluon, region_and_kinds
 
@@ -34,6 +34,27 @@ def test_options_are_frozen_and_name_every_kernel_setting_of_config():
     options = kernel_options()
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.fold_scale = False
-    names = {f.name for f in dataclasses.fields(KernelOptions)}
+    names = {f.name for f in dataclasses.fields(KernelOptions)} - {"interpreter"}
     assert names <= {f.name for f in dataclasses.fields(fxflash.config)}
     assert all(getattr(options, name) == getattr(fxflash.config, name) for name in names)
+    assert options.interpreter == interpreting()
+
+
+@pytest.mark.fusion_independent  # prints from a region directly
+def test_the_interpreters_kernel_is_chosen_by_the_options_not_the_environment(monkeypatch):
+    """Where kernels run (Triton's interpreter or a GPU) is one of the options: the interpreter's
+    kernel widens bf16 tiles to fp32 before ``tl.dot`` (its bf16 products are wrong) and imports
+    no libdevice, whatever TRITON_INTERPRET says while printing; the forward's and the backward's alike."""
+    from fxflash.codegen.backward import emit_backward
+    from fxflash.codegen.printers import PRINTERS
+
+    region, kinds = region_and_kinds(VARIANTS["causal"].fn, *VARIANTS["causal"].inputs(SHAPE, torch.bfloat16))
+    sources = {}
+    for interpreter, environment in ((True, "0"), (False, "1")):
+        monkeypatch.setenv("TRITON_INTERPRET", environment)
+        plan = emit_kernel(region, kinds, options=dataclasses.replace(kernel_options(), interpreter=interpreter))
+        sources[interpreter] = (plan.source, emit_backward(region, kinds, plan, PRINTERS).source)
+    for source in sources[True]:
+        assert "to(tl.float32), " in source and "libdevice" not in source
+    for source in sources[False]:
+        assert "to(tl.float32), " not in source and "from triton.language.extra import libdevice" in source

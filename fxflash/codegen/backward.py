@@ -28,7 +28,6 @@ import torch
 import torch.fx as fx
 
 from ..analysis import OpKind
-from ..config import interpreting
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
 from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, KernelPlan, Value,
@@ -221,14 +220,14 @@ class _Kernel:
         to the other operand's dtype, as FlashAttention's backward does."""
         (ca, da), (cb, db) = a, b
         dtype = da or db or torch.float32
-        if interpreting() and dtype is torch.bfloat16:
+        if self.vp.options.interpreter and dtype is torch.bfloat16:
             # the interpreter's bf16 conversions go wrong (emit._dot): the fp32 dot of the
             # widened tiles, the same products, P and dS unrounded
             ca, cb = (c if d is None else f"{c}.to(tl.float32)" for c, d in ((ca, da), (cb, db)))
-            return _dot(ca, cb, torch.float32, acc)
+            return _dot(ca, cb, torch.float32, acc, True)
         ca = ca if da is dtype else f"{ca}.to({TRITON_DTYPES[dtype]})"
         cb = cb if db is dtype else f"{cb}.to({TRITON_DTYPES[dtype]})"
-        return _dot(ca, cb, dtype, acc)
+        return _dot(ca, cb, dtype, acc, self.vp.options.interpreter)
 
     def op(self, op, out: list) -> None:
         vp = self.vp
@@ -394,7 +393,7 @@ class _Kernel:
                                        ("n_lo", "n_hi", "BLOCK_N", "N")) if over_keys else
                                       (["n_lo = nt * BLOCK_N", "n_hi = tl.minimum(n_lo + BLOCK_N, N) - 1"],
                                        ("m_lo", "m_hi", "BLOCK_M", "M")))
-        t, scan = KEY_TILES, 4 if interpreting() else 128   # small chunks: the tests' few tiles cross several
+        t, scan = KEY_TILES, 4 if self.vp.options.interpreter else 128   # small chunks: the tests' few tiles cross several
         chunk = [f"{t} = c0 + tl.arange(0, {scan})", f"{lo} = {t} * {block}",
                  f"{hi} = tl.minimum({lo} + {block}, {size}) - 1", *varying,
                  f"live = ({t} < n_tiles) & ~({' | '.join(empty)})",
@@ -564,7 +563,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         kernels.append(kernel)
         lines += printer.lines + [""]
         helpers |= vp.helpers
-    source = module_source(lines, helpers)
+    source = module_source(lines, helpers, options.interpreter)
 
     def where(operand, holds_transpose: bool) -> tuple:
         return (plan.input_nodes.index(operand.node), holds_transpose, operand.batch_rank)

@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
-from ..config import KernelOptions, interpreting, kernel_options
+from ..config import KernelOptions, kernel_options
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
@@ -345,6 +345,9 @@ class _Printer:
         return code
 
     # -- parameters -------------------------------------------------------------------
+    def dot(self, a: str, b: str, dtype: torch.dtype, acc: str = "") -> str:
+        return _dot(a, b, dtype, acc, self.options.interpreter)
+
     def tmp(self, prefix="t") -> str:
         self.counter += 1
         return f"{prefix}{self.counter}"
@@ -463,7 +466,7 @@ class _Printer:
         dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else None
         if not (self.two_pass and self.sixteen_bit and dtype in (torch.float16, torch.bfloat16)):
             return code
-        if dtype is torch.bfloat16 and interpreting():
+        if dtype is torch.bfloat16 and self.options.interpreter:
             self.call("_fx_round_bf16")
             return f"_fx_round_bf16({code})"
         return f"({code}).to({dtype_name(dtype, self.L)}).to({self.L.float32})"
@@ -757,7 +760,7 @@ class _Printer:
             self.pre += _scaled("q" + x, r.q)
             self.loop.append(f"k{x} = {L.load}({k_ptr}, mask={k_mask}, other=0.0)")
             self.loop += _scaled("k" + x, r.k)
-            self.loop.append(f"s{x} = {_dot(f'q{x}', f'k{x}', r.q.node.meta['val'].dtype)}")
+            self.loop.append(f"s{x} = {self.dot(f'q{x}', f'k{x}', r.q.node.meta['val'].dtype)}")
             self.vars[r.frame] = Value(f"s{x}", True) if not self.two_pass else self.place(
                 self.held(f"s{x}", r.frame), True, "s")
             for j, partner in enumerate(r.partners):
@@ -850,7 +853,7 @@ class _Printer:
             p_tile = f"{self.L.where}(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
             if rescale and form.scale is not None:
                 lines.append(f"acc{t} = acc{t} * alpha_{self.label(form.scale)}{self.sfx(form.stream)}")
-            lines.append(f"acc{t} = {_dot(p_tile, 'v', v_dtype, f'acc{t}')}")
+            lines.append(f"acc{t} = {self.dot(p_tile, 'v', v_dtype, f'acc{t}')}")
         return lines
 
     def term_value(self, node: fx.Node, form) -> Value:
@@ -890,7 +893,7 @@ class _Printer:
         self.pre += _scaled(f"qx{j}", partner.q)
         self.loop.append(f"kx{j} = {self.L.load}({k_ptr}, mask={k_mask}, other=0.0)")
         self.loop += _scaled(f"kx{j}", partner.k)
-        self.loop.append(f"sx{j} = {_dot(f'qx{j}', f'kx{j}', partner.q.node.meta['val'].dtype)}")
+        self.loop.append(f"sx{j} = {self.dot(f'qx{j}', f'kx{j}', partner.q.node.meta['val'].dtype)}")
         self.vars[partner.view] = Value(f"sx{j}", True)
 
     def dag_node(self, node: fx.Node, reductions: dict) -> None:
@@ -1252,7 +1255,7 @@ class _Printer:
             return None
         self.skips_tiles = True
         # the interpreter's test shapes have few tiles: small chunks so that they take several
-        self.scan = 4 if interpreting() else 128
+        self.scan = 4 if self.options.interpreter else 128
         return ip.split_lines(), " & ".join(empty), " & ".join(full) if complete and self.options.full_tiles else None
 
     def full_tile_loop(self) -> list | None:
@@ -1439,7 +1442,8 @@ class _Printer:
         if repair is not None:
             functions += ["", *repair.function(("out_ptr", "sat_ptr"), repair.repair_body(),
                                                (f"SAT_STREAMS: {L.constexpr}", f"REPAIR_SCAN: {L.constexpr}"))]
-        return module_source(functions, self.helpers | (repair.helpers if repair is not None else set()))
+        return module_source(functions, self.helpers | (repair.helpers if repair is not None else set()),
+                             self.options.interpreter)
 
     def repair_body(self) -> list[str]:
         """The repair kernel's body: a grid of a few programs per multiprocessor scans the row
@@ -1495,16 +1499,17 @@ def full_run_chunk(t: str, whole: str, full: str, L: Namespace = TL) -> list[str
             f"n_full += {L.sum}(full.to({L.int32}), 0)"]
 
 
-def module_source(functions: list[str], helpers: set) -> str:
+def module_source(functions: list[str], helpers: set, interpreter: bool) -> str:
     """A kernel module: the imports, the helper functions ``functions`` call (``helpers``, as their
-    printers recorded them, and those these call), and ``functions``."""
-    table = HELPERS if interpreting() else {**HELPERS, **GPU_HELPERS}
+    printers recorded them, and those these call), and ``functions``; for Triton's ``interpreter``,
+    without the GPU's own helpers (libdevice)."""
+    table = HELPERS if interpreter else {**HELPERS, **GPU_HELPERS}
     called = set(helpers) | {callee for name in helpers for callee in HELPER_CALLS.get(name, ())}
     used = [src for name, src in table.items() if name in called]
     return "\n".join([
         "import triton",
         "import triton.language as tl",
-        *(["from triton.language.extra import libdevice"] if not interpreting() else []),
+        *(["from triton.language.extra import libdevice"] if not interpreter else []),
         *used,
         *functions,
         "",
@@ -1705,11 +1710,11 @@ def deferred_constant(p: Value, v_dtype: torch.dtype) -> tuple[str, float]:
     return base, c
 
 
-def _dot(a: str, b: str, dtype: torch.dtype, acc: str = "") -> str:
-    """``tl.dot`` of tiles of ``dtype``. Triton's interpreter multiplies bf16 tiles wrongly (errors
+def _dot(a: str, b: str, dtype: torch.dtype, acc: str = "", interpreter: bool = False) -> str:
+    """``tl.dot`` of tiles of ``dtype``. Triton's ``interpreter`` multiplies bf16 tiles wrongly (errors
     of 10⁸ on unit inputs, Triton 3.6–3.9), so there both are widened to fp32 first: the same
     exact products and fp32 sums as a GPU's bf16 dot."""
-    if interpreting() and dtype is torch.bfloat16:
+    if interpreter and dtype is torch.bfloat16:
         a, b, dtype = f"{a}.to(tl.float32)", f"{b}.to(tl.float32)", torch.float32
     return f"tl.dot({a}, {b}{', ' + acc if acc else ''}{_dot_precision(dtype)})"
 
