@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxflash
+from fxflash.codegen import gluon
 from fxflash.runtime import gluon_launch, tuning
 from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STORE_DRAIN,
                                    STREAM_CONFIGS, emit_gluon, fits_shared_memory, gluon_tile, register_budget,
@@ -69,6 +70,23 @@ def test_other_regions_say_why_they_have_no_gluon_kernel(name, dtype, reason):
     region = fxflash.explain(variant.fn, *variant.inputs(SHAPE, dtype)).regions[0]
     assert region.fused and not region.gluon_source
     assert region.steps[-1].startswith("Gluon kernel (Hopper): none") and reason in region.steps[-1]
+
+
+@pytest.mark.fusion_independent  # reads a region directly
+@needs_gluon
+@pytest.mark.parametrize("name,reason", [
+    ("causal", None),
+    ("evoformer_row", "the training forward of a region with ops after P·V"),
+    ("diff_attention", "row statistics beside row values, of softmax streams or of an exp2"),
+])
+def test_what_the_training_forward_cannot_store_is_refused_before_printing(name, reason):
+    """The Gluon training forward stores one softmax's running max and sum (STATISTICS_STORE):
+    ``refusal(r, statistics=True)`` says which regions it cannot serve, before any printing, for
+    regions whose inference kernel it prints."""
+    variant = VARIANTS[name]
+    region, _ = region_and_kinds(variant.fn, *variant.inputs(SHAPE, torch.bfloat16))
+    assert gluon.refusal(region) is None
+    assert gluon.refusal(region, statistics=True) == reason
 
 
 @pytest.mark.fusion_independent

@@ -405,8 +405,9 @@ def score_scale(r: Region) -> float | None:
     return c
 
 
-def refusal(r: Region) -> str | None:
-    """Why the Gluon kernel cannot compute ``r``, or None when it can."""
+def refusal(r: Region, statistics: bool = False) -> str | None:
+    """Why the Gluon kernel cannot compute ``r`` (with ``statistics``: its training forward, which
+    also stores each row's ``m`` and ``1/l``), or None when it can. Decided before anything is printed."""
     if gluon_api() is None:
         return "this Triton has no Gluon Hopper API"
     for test, reason in REGION_RULES:
@@ -414,7 +415,23 @@ def refusal(r: Region) -> str | None:
         if verdict:
             return reason if reason is not None else verdict
     found = softmax_of(r)
-    return found if isinstance(found, str) else None
+    if isinstance(found, str):
+        return found
+    return _statistics_refusal(r, found) if statistics else None
+
+
+def _statistics_refusal(r: Region, sm) -> str | None:
+    """Why the Gluon kernel cannot store ``r``'s row statistics (STATISTICS_STORE: the running max
+    and sum of one softmax ``exp(x − max) / sum``, whose output it stores last), or None."""
+    if r.side_outputs or len(sm.weights) > 1 or HOMOMORPHISMS[packet(sm.exp.target)].name != "exp":
+        return "row statistics beside row values, of softmax streams or of an exp2"
+    if r.output_ops:   # its output before them is stored by the Triton kernel only
+        return "the training forward of a region with ops after P·V"
+    total = next(red.node for red in r.reductions if red.combine == "sum")
+    if statistics_nodes(r) != (sm.maximum, total):
+        # the quiet softmax's shifted exponent and divisor are the Triton kernel's
+        return "row statistics of a softmax other than exp(x − max) / sum"
+    return None
 
 
 # -- printing ------------------------------------------------------------------------------
@@ -579,7 +596,7 @@ class _GluonPrinter(_Printer):
 
 def emit_gluon(r: Region, kinds: dict, name: str = "fxflash_gluon",
                options: KernelOptions | None = None, statistics: bool = False) -> GluonPlan:
-    """Print the Gluon kernel of region ``r`` (``refusal(r)`` must be None), reusing emit's
+    """Print the Gluon kernel of region ``r`` (``refusal(r, statistics)`` must be None), reusing emit's
     printer for the score DAG and the tile range, with the kernel settings ``options``
     (``config``'s now where None); with ``statistics``, each consumer also stores its rows'
     ``m`` and ``1/l`` (STATISTICS_STORE). Raises Unprintable for an op without a Gluon form."""
@@ -622,16 +639,7 @@ def emit_gluon(r: Region, kinds: dict, name: str = "fxflash_gluon",
     unit = LOG2E if HOMOMORPHISMS[packet(sm.exp.target)].name == "exp" else 1.0
     k = c * unit
     store = _output_store(pr)
-    if statistics:
-        if r.side_outputs or len(sm.weights) > 1 or HOMOMORPHISMS[packet(sm.exp.target)].name != "exp":
-            raise Unprintable("row statistics beside row values, of softmax streams or of an exp2")
-        if r.output_ops:   # its output before them is stored by the Triton kernel only
-            raise Unprintable("the training forward of a region with ops after P·V")
-        total = next(red.node for red in r.reductions if red.combine == "sum")
-        if statistics_nodes(r) != (sm.maximum, total):
-            # STATISTICS_STORE stores the running max and sum: other row statistics (the quiet
-            # softmax's shifted exponent and divisor) are the Triton kernel's
-            raise Unprintable("row statistics of a softmax other than exp(x − max) / sum")
+    if statistics:  # refusal(r, statistics) decided what STATISTICS_STORE can store
         pr.param("side0_ptr", ("side", 0))
         pr.param("side1_ptr", ("side", 1))
         store = STATISTICS_STORE + store  # the store of ``out`` stays last (_tma_store_lines)
@@ -717,7 +725,7 @@ def attach(plan, region: Region, kinds: dict, statistics: bool = False) -> None:
     its Gluon kernel, or the reason it has none.
     The Gluon kernel is an optional second form of a region the Triton kernel already computes:
     a failure to print it (a bug) is reported in a warning and the reason, never raised."""
-    why = refusal(region)
+    why = refusal(region, statistics)
     if why is None and plan.repair_args is None:
         why = "its rows could not be repaired where they leave the multiply-add form's range (no repair kernel)"
     if why is None:
