@@ -132,6 +132,30 @@ def test_causal_streams_share_one_tile_range():
                                                                   STREAM_CONFIGS[128][0])
 
 
+@pytest.mark.fusion_independent  # reads a region directly
+@needs_gluon
+def test_streams_whose_masks_differ_by_head_are_refused_before_printing():
+    """Both streams' consumers visit one tile range: a window whose width differs between a pair's
+    heads (a per-head tensor) would skip different key tiles per stream, so the region has no Gluon
+    kernel, decided from the region (REGION_RULES), and keeps its Triton kernel."""
+    def diff_window(q, k, v, w):
+        b, h2, m, _ = q.shape
+        i = torch.arange(m)[:, None]
+        j = torch.arange(k.size(-2))[None, :]
+        s = (q @ k.transpose(-1, -2) * q.size(-1) ** -0.5).masked_fill(~((j <= i) & (i - j < w)), float("-inf"))
+        attn = torch.softmax(s, dim=-1).view(b, h2 // 2, 2, m, k.size(-2))
+        return (attn[:, :, 0] - 0.5 * attn[:, :, 1]) @ v
+
+    q = torch.randn(2, 8, 64, 64, dtype=torch.bfloat16)
+    v = torch.randn(2, 4, 64, 128, dtype=torch.bfloat16)
+    widths = torch.tensor([16, 32] * 4).view(8, 1, 1)
+    region, _ = region_and_kinds(diff_window, q, q, v, widths)
+    assert region.split is not None and region.tile_masks
+    assert gluon.refusal(region) == "two softmax streams with masks whose key tiles depend on the stream's heads"
+    same = torch.full((8, 1, 1), 16)
+    assert gluon.refusal(region_and_kinds(diff_window, q, q, v, same[:1])[0]) is None  # one width for all heads
+
+
 @needs_gluon
 def test_one_softmax_times_a_number_keeps_its_triton_kernel():
     """A single softmax stream weighted by a number other than 1 is refused (only differential

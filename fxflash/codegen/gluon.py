@@ -374,7 +374,17 @@ REGION_RULES = (
     (lambda r: bool(r.v.scale), "V scaled before the matmul"),
     (lambda r: score_scale(r) is None, "K scaled before the matmul by a factor other than a positive power of two"),
     (_dtype_refusal, None),
+    # both streams' consumers visit one tile range (the tile range the masks give a row tile)
+    (lambda r: r.split is not None and any(r.split.axis in _varying_axes(m.condition, len(r.out_frame_shape))
+                                           for m in r.tile_masks),
+     "two softmax streams with masks whose key tiles depend on the stream's heads"),
 )
+
+
+def _varying_axes(node, rank: int) -> set:
+    """The axes of a frame of ``rank`` axes along which ``node``'s value (broadcast into it) varies."""
+    shape = tuple(node.meta["val"].shape)
+    return {rank - len(shape) + i for i, size in enumerate(shape) if size != 1}
 
 
 def _exact(scale) -> bool:
@@ -647,10 +657,6 @@ def emit_gluon(r: Region, kinds: dict, name: str = "fxflash_gluon",
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
     pr.pre, pr.loop = [], []
     tile_range = pr.tile_range()
-    frame_axes = tuple(range(len(pr.frame_shape)))   # which of them each mask varies along (idx_of)
-    if others and pr.skips_tiles and any(r.split.axis in pr.idx_of(mask.condition, frame_axes)
-                                         for mask in r.tile_masks):
-        raise Unprintable("two softmax streams with masks whose key tiles depend on the stream's heads")
     # on the run of tiles where every mask keeps every score, each mask's condition is a
     # constant (emit's full_tile_loop): a second score function with the masks folded away
     # (not with streams: each stream's score lines are its own)
