@@ -188,11 +188,10 @@ def test_the_tuners_kernels_compile_beside_inductor_on_gpu(tmp_path, monkeypatch
     from ``op.compile_ahead``) before its inner Inductor compiles the graph; the first run's tuner
     waits for them, compiles no kernel more and loads the own ops from Inductor's cache, and the
     result is eager's."""
-    from torch._dynamo.utils import counters
-
     import importlib
 
     import triton
+    from torch._dynamo.utils import counters
 
     from fxflash.runtime import precompile, tuning
 

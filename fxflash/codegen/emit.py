@@ -344,10 +344,11 @@ class _Printer:
             code = f"({code}) * {size} + {index}"
         return code
 
-    # -- parameters -------------------------------------------------------------------
     def dot(self, a: str, b: str, dtype: torch.dtype, acc: str = "") -> str:
+        """``tl.dot`` of two tiles as the kernel's place of running computes it (``_dot``)."""
         return _dot(a, b, dtype, acc, self.options.interpreter)
 
+    # -- parameters -------------------------------------------------------------------
     def tmp(self, prefix="t") -> str:
         self.counter += 1
         return f"{prefix}{self.counter}"
