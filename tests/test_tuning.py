@@ -314,6 +314,27 @@ def test_a_graph_compiled_by_a_worker_is_loaded_from_inductors_cache(tmp_path, m
 
 
 @pytest.mark.fusion_independent
+def test_a_graph_job_compiles_on_fake_inputs(tmp_path, monkeypatch):
+    """A worker compiles a graph job on fake tensors of its inputs' layouts: it holds none of the
+    user's GPU memory (compile_worker.compile_graph, run here)."""
+    import torch._inductor.config as inductor_config
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxflash.runtime import compile_worker, precompile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)  # set by the job
+    made = []
+    original = compile_worker._input
+    monkeypatch.setattr(compile_worker, "_input", lambda spec: made.append(original(spec)) or made[-1])
+    q = torch.randn(2, 3, 17, 16)
+    module = make_fx(lambda q, k: (torch.softmax(q @ k.transpose(-1, -2), -1),))(q, q)
+    compile_worker.compile_graph(precompile.graph_job(module, [q, q]))
+    assert len(made) == 2 and all(isinstance(t, FakeTensor) for t in made)
+
+
+@pytest.mark.fusion_independent
 def test_compilations_started_ahead_are_waited_for_and_never_repeated(monkeypatch):
     """precompile.start records the specializations now and compiles them in a thread of its own;
     compile_all waits for it, then compiles only what was not compiled before, and counts both."""

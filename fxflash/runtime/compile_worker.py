@@ -40,7 +40,8 @@ def load(source: str, module_name: str, filename: str, name: str):
 
 def _input(spec):
     """An example input of a graph job: a scalar as it is, or an uninitialized tensor of the
-    layout ``[shape, strides, storage offset, dtype name, device]`` (a cache key reads all of it)."""
+    layout ``[shape, strides, storage offset, dtype name, device]`` (a cache key reads all of it;
+    a fake one under a FakeTensorMode)."""
     import torch
 
     if not isinstance(spec, list):
@@ -67,10 +68,24 @@ def compile_graph(job: dict) -> None:
         torch.cuda.set_device(job["device"])
     namespace: dict = {}
     exec(compile(job["graph"], "<fxflash graph>", "exec"), namespace)
-    forward, inputs = namespace["forward"], [_input(spec) for spec in job["inputs"]]
-    with torch.no_grad():  # the module's ops as the parent's AOTAutograd traces them, on fake tensors
-        module = make_fx(lambda *args: forward(None, *args), tracing_mode="fake")(*inputs)
-        torch._inductor.standalone_compile(module, inputs, dynamic_shapes="from_example_inputs")
+    forward = namespace["forward"]
+
+    def compile_for(inputs):
+        with torch.no_grad():  # the module's ops as the parent's AOTAutograd traces them, on fake tensors
+            module = make_fx(lambda *args: forward(None, *args), tracing_mode="fake")(*inputs)
+            torch._inductor.standalone_compile(module, inputs, dynamic_shapes="from_example_inputs")
+
+    # inputs of fake tensors, which hold no memory on the user's GPU; allocated ones where this
+    # torch's standalone_compile takes no fake inputs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        fake = [_input(spec) for spec in job["inputs"]]
+    try:
+        compile_for(fake)
+    except Exception:  # noqa: BLE001
+        compile_for([_input(spec) for spec in job["inputs"]])
 
 
 def serve() -> None:
