@@ -30,9 +30,10 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
-from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, KernelPlan, Value,
-                   _Printer, _dot, _pow2, _reindexed, _scaled, full_run_chunk, full_run_finish, module_source)
+from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, Value,
+                   _Printer, _dot, _reindexed, _scaled, full_run_chunk, full_run_finish, module_source)
 from .intervals import IntervalPrinter, NoInterval
+from .plan import KernelPlan, pow2
 from .printers import TRITON_DTYPES, Unprintable, literal
 
 # The programs' own tensors (the launch makes them, contiguous [B·H, M or N, columns]; the kernel
@@ -597,7 +598,7 @@ def group_axis(r) -> int | None:
 
 def backward_tiles(d: int, dv: int, per: str) -> list:
     """The candidate tiles of the kernels whose programs own a ``per`` ("row" | "key") tile."""
-    width = max(_pow2(d), _pow2(dv))
+    width = max(pow2(d), pow2(dv))
     for limit, tiles in sorted(BACKWARD_TILES.items()):
         if width <= limit:
             return tiles[per]

@@ -30,6 +30,7 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..config import KernelOptions, kernel_options
+from .plan import KernelPlan, block_dims_of, pow2
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
@@ -62,57 +63,6 @@ OFFSET_GUARD = f"tl.maximum({{m}}, {-FLT_MAX!r}, propagate_nan=tl.PropagateNan.A
 SATURATION_LOG2 = {torch.float16: float(1 << 14), torch.bfloat16: float(1 << 26)}
 # The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
 EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)
-
-
-@dataclasses.dataclass
-class KernelPlan:
-    """How to launch the kernel: its source, and for each run-time parameter where its value
-    comes from. ``args`` entries: ("ptr", i) | ("stride", i, axis) | ("size", i, axis) |
-    ("frame", j) with i an index into the op's tensor inputs and j into the frame sizes."""
-
-    name: str
-    source: str
-    args: list
-    input_nodes: list        # fx nodes whose runtime tensors are the op's inputs, in order
-    frame_rank: int
-    out_dtype: torch.dtype
-    d: int
-    dv: int
-    configs: tuple = ()      # (BLOCK_M, BLOCK_N, warps, stages) that fit the kernel, first the
-                             # default; timed at the first launch on a GPU (tuning.choose)
-    index_bound: tuple = (0, 0)  # int32 index arithmetic is exact while a·max(frame) + b < 2³¹
-    side_dtypes: tuple = ()  # dtypes of the row values stored beside the output (a logsumexp)
-    partner_dims: tuple = ()  # head dims of further score contractions
-    out_order: tuple | None = None  # the output's axes from outermost to innermost in memory
-                                    # (None: contiguous, stored without strides)
-    summaries: tuple = ()    # (input, axis): integer inputs whose min and max per key tile along
-                             # that axis the launch computes for its BLOCK_N ("summary" args);
-                             # (input, "absmax" | "colsum"): _Printer.summary_param
-    dv_split: int = 1        # programs per row tile, each with its own part of the output's Dv
-    unclassified: tuple = ()  # what the per-tile tests leave out, one sentence each (explain())
-    flags: bool = False      # the kernel flags the rows it leaves to the repair kernel (sat_ptr)
-    fp_fusion: bool = False  # it prints multiply-add forms (launched with fp contraction); without,
-                             # it prints eager's own form and runs without
-    repair_args: tuple | None = None  # the run-time parameters of ``{name}_repair`` (after out_ptr and
-                             # sat_ptr), the kernel that recomputes the rows a kernel flagged
-    gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
-    gluon_refusal: str = ""  # why there is none (explain())
-    options: KernelOptions | None = None  # the settings it was printed with
-    sym_nodes: tuple = ()    # symbolic integers it reads at run time (("symint", j) args): the op's
-                             # last sizes, in this order
-    backward: object = None  # codegen.backward.BackwardPlan: the region's fused backward, or None
-    backward_note: str = ""  # "fused", or "eager recompute: <why>" (explain())
-    training: "KernelPlan | None" = None  # the forward that also stores what the backward reads
-                             # (its training_outputs after the region's own results), or None
-    training_outputs: tuple = ()  # a training forward's: "m", "inv_l" (fp32 rows), "o" ([*batch, M, Dv])
-
-    def symints(self, sizes) -> tuple:
-        """This call's values of ``sym_nodes``: the op's last sizes."""
-        return tuple(sizes[len(sizes) - len(self.sym_nodes):]) if self.sym_nodes else ()
-
-    def int32_index_ok(self, frame) -> bool:
-        a, b = self.index_bound
-        return a * max(frame) + b < INT32_LIMIT
 
 
 # Python arithmetic on floats known only at run time, printed in fp64 (Printer.run_time_scalar).
@@ -184,12 +134,6 @@ NARROW_INT_OPS = {
 }
 NARROW_MUL_LIMIT = 1 << 10     # literal factors of a narrowed product
 NARROW_LITERAL_LIMIT = 1 << 24  # literals that join a narrowed value
-INT32_LIMIT = 1 << 31
-
-def _pow2(n: int) -> int:
-    return max(16, 1 << (n - 1).bit_length())
-
-
 def _size_hint(size, unknown: int) -> int:
     """A size or stride as a number without a guard on it: a symbolic one (torch.compile with
     dynamic shapes) by its example value, ``unknown`` where it has none."""
@@ -743,15 +687,15 @@ class _Printer:
             f"{DVC} = offs_dv[None, :]",
         ]
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
-        d_row = "offs_d[None, :] < D" if r.D != _pow2(r.D) else None
-        d_col = "offs_d[:, None] < D" if r.D != _pow2(r.D) else None
+        d_row = "offs_d[None, :] < D" if r.D != pow2(r.D) else None
+        d_col = "offs_d[:, None] < D" if r.D != pow2(r.D) else None
         lins = [self.stream_lin(st) for st in self.streams]
         q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row, lins)
         k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok", lins)
         # V's padded Dv columns re-read its last column instead of being masked: on an H100 (Triton
         # 3.6) a 16-bit V tile masked along Dv fed to tl.dot at 64-wide tiles gave wrong rows and
         # illegal addresses (benchmarks/NOTES.md, 2026-11-26); the padded output columns are never stored
-        v_cols = "offs_dv[None, :]" if r.Dv == _pow2(r.Dv) else f"{L.minimum}(offs_dv, DV - 1)[None, :]"
+        v_cols = "offs_dv[None, :]" if r.Dv == pow2(r.Dv) else f"{L.minimum}(offs_dv, DV - 1)[None, :]"
         (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", v_cols, "row_ok", None)
         reductions = {red.node: red for red in r.reductions}
         for st, q_ptr, k_ptr in zip(self.streams, q_ptrs, k_ptrs):
@@ -884,7 +828,7 @@ class _Printer:
 
     def partner_scores(self, j: int, partner) -> None:
         """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
-        pad = partner.d != _pow2(partner.d)
+        pad = partner.d != pow2(partner.d)
         self.pre.append(f"offs_dx{j} = {self.arange(f'DXP{j}')}")
         (q_ptr,), q_mask = self.operand(f"qx{j}", partner.q, ROW, f"offs_dx{j}[None, :]", f"{ROW} < M",
                                         f"offs_dx{j}[None, :] < DX{j}" if pad else None)
@@ -1761,7 +1705,7 @@ def tile_configs(d: int, dv: int, elem_bytes: int = 2, streams: int = 1, accumul
     ``accumulators`` [BLOCK_M, Dv] fp32 tiles in registers (8 warps where 4 would spill); the
     smallest tile if none fits."""
     size = max(d, dv)
-    dp, dvp = _pow2(d), _pow2(dv)
+    dp, dvp = pow2(d), pow2(dv)
     fitting: dict[str, list] = {margin: [] for margin in SHARED_MEMORY}
     for bm, bn, w, st in next(c for limit, c in TILE_CONFIGS if size <= limit):
         shared = (streams * bm * dp + st * bn * (streams * dp + dvp)) * elem_bytes
@@ -1788,7 +1732,7 @@ def dv_split_of(region: Region) -> int:
     """Programs per row tile (``DV_SPLIT_COLUMNS``). Not split where a row of the output is
     needed whole in one program: an epilogue reduction over Dv (a per-head RMSNorm) or row
     values stored beside the output."""
-    columns = len(region.terms) * _pow2(region.Dv)
+    columns = len(region.terms) * pow2(region.Dv)
     whole_rows = region.side_outputs or any(packet(op.target) in OUTPUT_REDUCTIONS for op in region.output_ops)
     split = 1
     while not whole_rows and columns // split > DV_SPLIT_COLUMNS:
@@ -1809,9 +1753,9 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1
     # further score contractions hold their Q' and K' tiles too: counted as a wider head dim
-    d = region.D + sum(_pow2(p.d) for p in region.partners)
+    d = region.D + sum(pow2(p.d) for p in region.partners)
     dv_split = dv_split_of(region)
-    configs = tile_configs(d, _pow2(region.Dv) // dv_split, elem_bytes, streams, len(region.terms))
+    configs = tile_configs(d, pow2(region.Dv) // dv_split, elem_bytes, streams, len(region.terms))
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, options, dv_split)
     printer.statistics = statistics
@@ -1843,15 +1787,6 @@ def _reindexed(spec: tuple, inputs: list, own_inputs: list, sym_nodes: list, own
     if spec[0] == "symint":
         return ("symint", sym_nodes.index(own_sym_nodes[spec[1]]))
     return spec
-
-
-def block_dims_of(plan: KernelPlan) -> dict:
-    """The head-dim constexprs: D and Dv, those of further score contractions, and their
-    power-of-two tile widths."""
-    dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
-    for j, d in enumerate(plan.partner_dims):
-        dims.update({f"DX{j}": d, f"DXP{j}": _pow2(d)})
-    return dims
 
 
 __all__ = ["KernelPlan", "Unprintable", "block_dims_of", "emit_kernel"]

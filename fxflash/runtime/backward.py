@@ -23,14 +23,13 @@ import torch
 import triton
 
 from ..codegen.backward import INTERPRETER_TILE, backward_tiles
-from ..codegen.emit import _pow2
+from ..codegen.plan import INT32_LIMIT, pow2
 from ..config import config, interpreting
 from .cache import load_kernel
 from . import tuning
 from .launch import (TENSOR_KINDS, Launcher, LaunchValues, _device_label, _filled, _kernel_args, _launching,
                      min_max_per_tile, replay_views)
 
-INT32_LIMIT = 2 ** 31
 
 
 def fused_backward_applies(entry, tensors, needs) -> bool:
@@ -412,7 +411,7 @@ def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
     batch = math.prod(batch_sizes)
     if kernel.group:
         batch //= group[0]
-    dims = {"D": plan.d, "DP": _pow2(plan.d), "DV": plan.dv, "DVP": _pow2(plan.dv)}
+    dims = {"D": plan.d, "DP": pow2(plan.d), "DV": plan.dv, "DVP": pow2(plan.dv)}
     fn = load_kernel(plan.source, kernel.name)
     summaries = {}  # the per-tile summaries of ids its loop's range reads, along the axis it loops over
 

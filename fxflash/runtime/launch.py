@@ -14,7 +14,7 @@ from ..internal import stage
 from . import gluon_launch, tuning
 from .cache import load_kernel
 from .interpreted import interpreted_language
-from ..codegen.emit import KernelPlan, block_dims_of
+from ..codegen.plan import KernelPlan, block_dims_of
 from ..codegen.gluon import gluon_tile, is_gluon_tile
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several

@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from ..internal import InternalError, stage, warn
-from ..codegen.emit import KernelPlan
+from ..codegen.plan import KernelPlan
 from . import precompile, tuning
 from .launch import Launcher, PinRefused, empty_results, replay_views
 

@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 
 from ..patterns.region import FusionRefused, Region
-from ..codegen.emit import KernelPlan
+from ..codegen.plan import KernelPlan
 from .launch import FOLDED_VIEWS
 from ..tile.backward import attention_output
 from .op import RegisteredRegion, Subgraph, call_region, owned, register, registered
