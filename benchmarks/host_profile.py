@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash.runtime import launch  # noqa: E402
-from fxflash.codegen.gluon import GLUON_CONFIGS  # noqa: E402
+from fxflash.codegen.gluon_plan import GLUON_CONFIGS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import case  # noqa: E402

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fxflash  # noqa: E402
 from fxflash.codegen import emit  # noqa: E402
 from fxflash.runtime import tuning
-from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS  # noqa: E402
+from fxflash.codegen.gluon_plan import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import SUITES, beyond_cases, case, medians, settled_ms  # noqa: E402

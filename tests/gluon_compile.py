@@ -4,7 +4,7 @@ process without TRITON_INTERPRET, which cannot run or compile Gluon):
     python tests/gluon_compile.py [--edit NAME] [--dv DV] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
         [CTAS_PER_SM [PERSISTENT [STREAMS [CONSUMER_ROWS]]]]
 
-Prints the kernel's shared memory (and gluon.shared_bytes's count of its buffers), how it sums
+Prints the kernel's shared memory (and gluon_plan.shared_bytes's count of its buffers), how it sums
 each row's ``p``, how it stores the output (by TMA where the region can: gluon_launch.stores_by_tma), and from this Triton's ptxas (``-v``) its spills: a proxy
 for register pressure that needs no GPU (the GPU machine's Triton may bundle another ptxas). The
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
@@ -30,7 +30,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from fxflash.runtime import gluon_launch
 from fxflash.runtime.cache import load_kernel
-from fxflash.codegen.gluon import emit_gluon, refusal, register_budget, shared_bytes
+from fxflash.codegen.gluon import emit_gluon, refusal
+from fxflash.codegen.gluon_plan import register_budget, shared_bytes
 from fxflash.variants import VARIANTS, Shape
 from helpers import REPLY, TRITON_TYPES as TYPES, region_and_kinds
 
@@ -73,7 +74,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     signature = {n: "constexpr" if n in ones or n in constexprs else runtime[n] for n in kernel.arg_names}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs={**constexprs, **ones}, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
-    row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon.row_sums_by_mma)
+    row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon_plan.row_sums_by_mma)
     stores = "by TMA" if "cp.async.bulk.tensor.2d.global.shared" in compiled.asm["ptx"] else "per element"
     print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
           f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles) - len(plan.vectors), plan.dv, len(plan.vectors), mma_row_sum=plan.options.gluon_mma_row_sum)}), {regs} registers per consumer thread; row sums "

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 import fxflash
 from fxflash.codegen import gluon
 from fxflash.runtime import gluon_launch, tuning
-from fxflash.codegen.gluon import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STORE_DRAIN,
-                                   STREAM_CONFIGS, emit_gluon, fits_shared_memory, gluon_tile, register_budget,
-                                   row_sums_by_mma, shared_bytes, GL)
+from fxflash.codegen.gluon import GL, STORE_DRAIN, emit_gluon
+from fxflash.codegen.gluon_plan import (BARRIER_BYTES, GLUON_CONFIGS, LOADER_REGS, PERSISTENT_CONFIGS, STREAM_CONFIGS,
+                                        fits_shared_memory, gluon_tile, register_budget, row_sums_by_mma, shared_bytes)
 from fxflash.runtime.gluon_launch import GLUON_MIN_KEYS, _rows_total, _rows_view_refusal, candidates, launch_refusal
 from fxflash.codegen.printers import Unprintable
 from fxflash.config import config

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxflash
-from fxflash.codegen.gluon import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS, gluon_tile
+from fxflash.codegen.gluon_plan import GLUON_CONFIGS, PERSISTENT_CONFIGS, STREAM_CONFIGS, gluon_tile
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_accurate, assert_gradients_accurate
 from test_fused import FUSED_VARIANTS

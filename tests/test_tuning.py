@@ -324,7 +324,7 @@ def test_a_graph_job_compiles_on_fake_inputs(tmp_path, monkeypatch):
     from fxflash.runtime import compile_worker, precompile
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)  # set by the job
+    threads = inductor_config.compile_threads
     made = []
     original = compile_worker._input
     monkeypatch.setattr(compile_worker, "_input", lambda spec: made.append(original(spec)) or made[-1])
@@ -332,6 +332,7 @@ def test_a_graph_job_compiles_on_fake_inputs(tmp_path, monkeypatch):
     module = make_fx(lambda q, k: (torch.softmax(q @ k.transpose(-1, -2), -1),))(q, q)
     compile_worker.compile_graph(precompile.graph_job(module, [q, q]))
     assert len(made) == 2 and all(isinstance(t, FakeTensor) for t in made)
+    assert inductor_config.compile_threads == threads  # one thread while the job compiled, as before after
 
 
 @pytest.mark.fusion_independent

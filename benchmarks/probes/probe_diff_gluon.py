@@ -43,7 +43,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")]
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from fxflash.codegen.gluon import ROWS_PER_CONSUMER, register_budget  # noqa: E402
+from fxflash.codegen.gluon_plan import ROWS_PER_CONSUMER, register_budget  # noqa: E402
 from fxflash.patterns.rules import LOG2E  # noqa: E402
 from probe_gluon import _pass_turn, _take_turn  # noqa: E402
 

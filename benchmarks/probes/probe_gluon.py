@@ -54,7 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 # the generated Gluon kernel's row block and register split are this probe's (fxflash/codegen/gluon.py)
-from fxflash.codegen.gluon import ROWS_PER_CONSUMER, register_budget  # noqa: E402
+from fxflash.codegen.gluon_plan import ROWS_PER_CONSUMER, register_budget  # noqa: E402
 from fxflash.patterns.rules import LOG2E as _LOG2E  # noqa: E402
 
 LOG2E: gl.constexpr = gl.constexpr(_LOG2E)

@@ -31,9 +31,9 @@ from ..analysis import OpKind
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
 from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, Value,
-                   _Printer, _dot, _reindexed, _scaled, full_run_chunk, full_run_finish, module_source)
+                   _Printer, _dot, _scaled, full_run_chunk, full_run_finish, module_source)
 from .intervals import IntervalPrinter, NoInterval
-from .plan import KernelPlan, pow2
+from .plan import KernelPlan, pow2, reindexed
 from .printers import TRITON_DTYPES, Unprintable, literal
 
 # The programs' own tensors (the launch makes them, contiguous [B·H, M or N, columns]; the kernel
@@ -549,7 +549,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         vp = printer.vp
         if not (all(n in plan.input_nodes for n in vp.inputs) and all(n in plan.sym_nodes for n in vp.sym_nodes)):
             raise BackwardRefused("the backward reads a tensor or size the forward's kernel does not")
-        kernel.args = [_reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
+        kernel.args = [reindexed(spec, plan.input_nodes, vp.inputs, list(plan.sym_nodes), vp.sym_nodes)
                        for spec in kernel.args]
         kernel.summaries = tuple((plan.input_nodes.index(vp.inputs[i]), axis) for i, axis in vp.summaries)
         # a value the kernels compute rather than load (emit's vector producers, ALiBi's bias from

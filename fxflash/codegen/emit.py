@@ -30,7 +30,7 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..analysis.ops import CONSTANT_FILLS, constant_value, packet
 from ..config import KernelOptions, kernel_options
-from .plan import KernelPlan, block_dims_of, pow2
+from .plan import KernelPlan, block_dims_of, pow2, reindexed
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
@@ -1772,21 +1772,11 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its
     # arguments refer to them by their place among the plan's
     if all(n in printer.inputs for n in repair.inputs) and all(n in printer.sym_nodes for n in repair.sym_nodes):
-        plan.repair_args = tuple(_reindexed(spec, printer.inputs, repair.inputs, printer.sym_nodes, repair.sym_nodes)
+        plan.repair_args = tuple(reindexed(spec, printer.inputs, repair.inputs, printer.sym_nodes, repair.sym_nodes)
                                  for spec in repair.args)
     elif plan.flags:
         raise Unprintable("the repair kernel reads a tensor or size the kernel does not")
     return plan
-
-
-def _reindexed(spec: tuple, inputs: list, own_inputs: list, sym_nodes: list, own_sym_nodes: list) -> tuple:
-    """An argument spec of a kernel printed beside the plan's (the repair kernel, the Gluon kernel),
-    its input or symbolic integer referred to by its place among the plan's."""
-    if spec[0] in ("ptr", "stride", "size", "dense_stride"):
-        return (spec[0], inputs.index(own_inputs[spec[1]]), *spec[2:])
-    if spec[0] == "symint":
-        return ("symint", sym_nodes.index(own_sym_nodes[spec[1]]))
-    return spec
 
 
 __all__ = ["KernelPlan", "Unprintable", "block_dims_of", "emit_kernel"]

@@ -47,7 +47,7 @@ class KernelPlan:
                              # it prints eager's own form and runs without
     repair_args: tuple | None = None  # the run-time parameters of ``{name}_repair`` (after out_ptr and
                              # sat_ptr), the kernel that recomputes the rows a kernel flagged
-    gluon: object = None     # gluon.GluonPlan: the region as a Gluon kernel for Hopper, or None
+    gluon: object = None     # gluon_plan.GluonPlan: the region as a Gluon kernel for Hopper, or None
     gluon_refusal: str = ""  # why there is none (explain())
     options: KernelOptions | None = None  # the settings it was printed with
     sym_nodes: tuple = ()    # symbolic integers it reads at run time (("symint", j) args): the op's
@@ -74,3 +74,13 @@ def block_dims_of(plan: KernelPlan) -> dict:
     for j, d in enumerate(plan.partner_dims):
         dims.update({f"DX{j}": d, f"DXP{j}": pow2(d)})
     return dims
+
+
+def reindexed(spec: tuple, inputs: list, own_inputs: list, sym_nodes: list, own_sym_nodes: list) -> tuple:
+    """An argument spec of a kernel printed beside the plan's (the repair kernel, the Gluon kernel),
+    its input or symbolic integer referred to by its place among the plan's."""
+    if spec[0] in ("ptr", "stride", "size", "dense_stride"):
+        return (spec[0], inputs.index(own_inputs[spec[1]]), *spec[2:])
+    if spec[0] == "symint":
+        return ("symint", sym_nodes.index(own_sym_nodes[spec[1]]))
+    return spec

@@ -60,7 +60,6 @@ def compile_graph(job: dict) -> None:
     import torch._inductor.config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    inductor_config.compile_threads = 1
     for name, value in job["settings"].items():  # set only where they differ: setting one sets the
         if getattr(torch.backends.cuda.matmul, name) != value:  # precision the key reads ("none" → "ieee")
             setattr(torch.backends.cuda.matmul, name, value)
@@ -82,10 +81,11 @@ def compile_graph(job: dict) -> None:
 
     with FakeTensorMode(shape_env=ShapeEnv()):
         fake = [_input(spec) for spec in job["inputs"]]
-    try:
-        compile_for(fake)
-    except Exception:  # noqa: BLE001
-        compile_for([_input(spec) for spec in job["inputs"]])
+    with inductor_config.patch(compile_threads=1):  # not a compile pool per worker
+        try:
+            compile_for(fake)
+        except Exception:  # noqa: BLE001
+            compile_for([_input(spec) for spec in job["inputs"]])
 
 
 def serve() -> None:

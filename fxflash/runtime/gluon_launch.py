@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ..config import config
-from ..codegen.gluon import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, STREAM_CONFIGS, GluonPlan, fits_shared_memory,
+from ..codegen.gluon_plan import (GLUON_CONFIGS, PERSISTENT_CONFIGS, ROWS_PER_CONSUMER, STREAM_CONFIGS, GluonPlan, fits_shared_memory,
                     gluon_tile, register_budget, shared_bytes)
 
 INT32_ROWS = 1 << 31  # TMA coordinates are 32-bit
@@ -79,8 +79,8 @@ def launch_refusal(gplan: GluonPlan, inputs: list, frame, tile) -> str | None:
     return None
 
 
-# The tuner offers one-CTA-per-item Gluon configurations (gluon.GLUON_CONFIGS) on rows of at least
-# this many keys and persistent ones (gluon.PERSISTENT_CONFIGS) on shorter rows; a pinned
+# The tuner offers one-CTA-per-item Gluon configurations (gluon_plan.GLUON_CONFIGS) on rows of at least
+# this many keys and persistent ones (gluon_plan.PERSISTENT_CONFIGS) on shorter rows; a pinned
 # configuration runs at any length. On the H200 (benchmarks/NOTES.md): below it the Triton kernel
 # beat every one-CTA-per-item configuration in every suite run (1024 keys; the Evoformer's 256:
 # 1.12 against 0.90 ms) while the persistent grid beat both (vanilla 1k 0.176 against 0.188,

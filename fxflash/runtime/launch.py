@@ -15,7 +15,7 @@ from . import gluon_launch, tuning
 from .cache import load_kernel
 from .interpreted import interpreted_language
 from ..codegen.plan import KernelPlan, block_dims_of
-from ..codegen.gluon import gluon_tile, is_gluon_tile
+from ..codegen.gluon_plan import gluon_tile, is_gluon_tile
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
 # threads take turns (compiled GPU kernels launch concurrently).
@@ -46,7 +46,7 @@ def _device_label(index) -> str:
 
 def tile_for(plan: KernelPlan, inputs: list, frame: list, run, own: tuple | None = None) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this launch, or a Gluon configuration
-    (gluon.GLUON_CONFIGS), or ``own``: a tile pinned by ``tuning.pinned``; else 16×16
+    (gluon_plan.GLUON_CONFIGS), or ``own``: a tile pinned by ``tuning.pinned``; else 16×16
     tiles in the interpreter; on a GPU the tuned choice for this size bucket among the ``tl``
     kernel's tiles, the Gluon configurations this launch can use and ``own`` (``tuning.EAGER``
     or ``COMPILED``: the caller can run the region's own ops so), those ops themselves

@@ -62,7 +62,7 @@ import triton
 from ..config import config
 from . import precompile
 from .cache import cache_dir, source_key
-from ..codegen.gluon import gluon_tile
+from ..codegen.gluon_plan import gluon_tile
 
 log = logging.getLogger("fxflash")
 
@@ -133,7 +133,7 @@ def describe(tile: Tile) -> str:
         return "the region's own ops, run by PyTorch (every kernel was slower)"
     if tile == COMPILED:
         return "the region's own ops, compiled by Inductor (every kernel was slower)"
-    if tile[0] == "gluon":  # gluon.GLUON_CONFIGS
+    if tile[0] == "gluon":  # gluon_plan.GLUON_CONFIGS
         t = gluon_tile(tile)
         groups = (f"{t.consumers} consumer warp group{'s' if t.consumers > 1 else ''}"
                   + (" (one per softmax stream)" if t.streams > 1 else ""))
