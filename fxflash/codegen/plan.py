@@ -52,7 +52,7 @@ class KernelPlan:
     options: KernelOptions | None = None  # the settings it was printed with
     sym_nodes: tuple = ()    # symbolic integers it reads at run time (("symint", j) args): the op's
                              # last sizes, in this order
-    backward: object = None  # codegen.backward.BackwardPlan: the region's fused backward, or None
+    backward: object = None  # backward_plan.BackwardPlan: the region's fused backward, or None
     backward_note: str = ""  # "fused", or "eager recompute: <why>" (explain())
     training: "KernelPlan | None" = None  # the forward that also stores what the backward reads
                              # (its training_outputs after the region's own results), or None

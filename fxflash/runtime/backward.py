@@ -22,7 +22,7 @@ import math
 import torch
 import triton
 
-from ..codegen.backward import INTERPRETER_TILE, backward_tiles
+from ..codegen.backward_plan import INTERPRETER_TILE, backward_tiles
 from ..codegen.plan import INT32_LIMIT, pow2
 from ..config import config, interpreting
 from .cache import load_kernel
