@@ -10,7 +10,7 @@ from .plan import pow2
 # Candidate tiles (BLOCK_M, BLOCK_N, warps, stages) of the kernels, timed at the first launch on
 # a GPU (tuning.choose, like the forward's), by the larger head dim and the tile a program owns: a
 # row tile (statistics, Δ, dQ: BLOCK_M rows held, BLOCK_N keys per step) or a key tile (dK and dV: BLOCK_N
-# keys held, BLOCK_M rows per step); the first is the default. The interpreter's dots are 16 wide.
+# keys held, BLOCK_M rows per step); the first is the default (plan.INTERPRETER_TILE in the interpreter).
 BACKWARD_TILES = {
     64: {"row": [(64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2)],
          "key": [(64, 64, 4, 2), (64, 128, 4, 2), (32, 128, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2)]},
@@ -19,7 +19,6 @@ BACKWARD_TILES = {
     256: {"row": [(32, 32, 8, 1), (32, 32, 4, 1), (64, 32, 8, 1)],
           "key": [(32, 32, 8, 1), (32, 32, 4, 1), (32, 64, 8, 1)]},
 }
-INTERPRETER_TILE = (16, 16, 1, 1)
 
 
 @dataclasses.dataclass

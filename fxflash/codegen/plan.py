@@ -9,6 +9,8 @@ import torch
 from ..config import KernelOptions
 
 INT32_LIMIT = 1 << 31
+INTERPRETER_TILE = (16, 16, 1, 1)  # every kernel's tile in Triton's interpreter: its dots are 16 wide,
+                                  # and the tests' small shapes cross several tiles
 
 
 def pow2(n: int) -> int:

@@ -22,8 +22,8 @@ import math
 import torch
 import triton
 
-from ..codegen.backward_plan import INTERPRETER_TILE, backward_tiles
-from ..codegen.plan import INT32_LIMIT, pow2
+from ..codegen.backward_plan import backward_tiles
+from ..codegen.plan import INT32_LIMIT, INTERPRETER_TILE, pow2
 from ..config import config, interpreting
 from .cache import load_kernel
 from . import tuning

@@ -14,7 +14,7 @@ from ..internal import stage
 from . import gluon_launch, tuning
 from .cache import load_kernel
 from .interpreted import interpreted_language
-from ..codegen.plan import KernelPlan, block_dims_of
+from ..codegen.plan import INTERPRETER_TILE, KernelPlan, block_dims_of
 from ..codegen.gluon_plan import gluon_tile, is_gluon_tile
 
 # Triton's interpreter patches global state while it runs a kernel: launches from several
@@ -34,7 +34,6 @@ def _interpreted_launch():
         yield
 
 
-INTERPRETER_TILE = (16, 16, 1, 1)  # small test shapes cross several tiles
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +57,7 @@ def tile_for(plan: KernelPlan, inputs: list, frame: list, run, own: tuple | None
     if interpreting() or device.type != "cuda":
         return INTERPRETER_TILE
     source, kernels = tile_candidates(plan, inputs, frame)
-    own_ops = [own] if own is not None and config.time_eager and _eager_fits(frame, device) else []
+    own_ops = [own] if own is not None and _times_own_ops(frame, device) else []
     return tuning.choose(plan.name, source, [*kernels, *own_ops], [t.dtype for t in inputs],
                          _device_label(device.index),
                          frame, run, capturing=torch.cuda.is_current_stream_capturing(),
@@ -73,6 +72,11 @@ def tile_candidates(plan: KernelPlan, inputs: list, frame: list) -> tuple[str, l
 
 
 EAGER_BYTES_PER_SCORE = 16  # the region's own ops hold about four fp32 score-sized tensors at once
+
+
+def _times_own_ops(frame, device) -> bool:
+    """Does the tuner time the region's own ops beside its kernels for a launch of ``frame``?"""
+    return config.time_eager and _eager_fits(frame, device)
 
 
 def _eager_fits(frame, device) -> bool:
@@ -472,7 +476,7 @@ class Launcher:
         out, *sides = empty_results(self.plan, out_shapes, inputs[0])
         symints, inputs = self.plan.symints(sizes), replay_views(inputs, views)
         source, candidates = tile_candidates(self.plan, inputs, frame)
-        timed = own_ops is not None and config.time_eager and _eager_fits(frame, inputs[0].device)
+        timed = own_ops is not None and _times_own_ops(frame, inputs[0].device)
         tuning.compile_ahead(source, candidates, [t.dtype for t in inputs], _device_label(inputs[0].device.index),
                              frame, lambda tile: self.launch_tile(tile, inputs, frame, out, sides, symints),
                              functools.partial(own_ops, inputs) if timed else None)

@@ -183,11 +183,8 @@ def _inductor_compile(module: fx.GraphModule, args: list):
     (grad mode is part of the cache key): the region's backward never runs through these ops."""
     import torch._inductor
 
-    standalone = getattr(torch._inductor, "standalone_compile", None)
     with torch.no_grad():
-        if standalone is None or not callable(standalone):
-            return torch._inductor.compile(module, args)
-        return standalone(module, args, dynamic_shapes="from_example_inputs")
+        return torch._inductor.standalone_compile(module, args, dynamic_shapes="from_example_inputs")
 
 
 def then_views(first, then) -> tuple | None:
