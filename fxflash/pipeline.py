@@ -221,7 +221,7 @@ def optimize_graph(gm: fx.GraphModule, fuse: bool | None = None,
             with timed(seconds, "code generation"):
                 with internal.stage("code generation", FusionRefused, Unprintable):
                     program = lower(region, analysis.kinds, PRINTERS)
-                    plan = emit_kernel(region, analysis.kinds, options=options)
+                    plan = emit_kernel(region, analysis.kinds, options=options, program=program)
                     gluon.attach(plan, region, analysis.kinds)
                     plan.backward, plan.backward_note = _backward(region, analysis.kinds, plan)
                     if plan.backward is not None:

@@ -34,6 +34,8 @@ from .plan import KernelPlan, block_dims_of, pow2, reindexed
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
+from ..tile.ir import Accumulate, Dot, Index, Load, Map, RowReduce, TileProgram
+from ..tile.lower import lower
 from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
                        compute_dtype, dtype_name, literal)
@@ -211,6 +213,8 @@ class _Printer:
         self.second: list = []     # the second pass's loop body
         self.out_at = 0            # where the lines that combine and store the output begin in ``post``
         self.body: list = []       # the kernel's body (build)
+        self.partner_k_ptrs: dict = {}   # further score contractions' K' tile addresses and masks, by index
+        self.partner_k_masks: dict = {}
         # (max node, sum node) of the region's softmax whose row statistics the kernel also stores
         # (the training forward, emit_kernel's ``statistics``), or None
         self.statistics: tuple | None = None
@@ -670,10 +674,71 @@ class _Printer:
         self.param("N", ("frame", fb + 1))
         return fb
 
-    def build(self, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
-        L = self.L
+    def build(self, program: TileProgram, kinds: dict, out_dtype: torch.dtype, configs: list) -> KernelPlan:
+        """Print the kernel of ``program`` (``tile.lower``'s, the one ``explain()`` shows) by
+        walking its operations: the grid and the operands' addresses, then per softmax stream the
+        prologue (Q tiles, once per row tile) and the loop body (K tiles, contractions, the score
+        chain, the online reductions), then the ops computed from the streams' values, V's tile and
+        the accumulations, the running values' update, and the epilogue. Each operation is printed
+        by the method ``OP_PRINTERS`` names; the score chain's values (its loads, index expressions
+        and elementwise ops, named by the region's FX nodes) by the value printer (``dag_node``)."""
         r = self.r
         fb = self.begin(kinds)
+        self.grid(fb)
+        self.nodes = {n.name: n for n in r.frame.graph.nodes}
+        self.reductions = {red.node: red for red in r.reductions}
+        self.addresses()
+        v_at = next(i for i, op in enumerate(program.body) if isinstance(op, Load) and op.name == "v")
+        scores, products = program.body[:v_at], program.body[v_at:]
+        for st in self.streams:
+            self.enter_stream(st)
+            for op in program.prologue:
+                self.print_op(op)
+            self.running_values(scores)
+            for op in scores:
+                if not self.combined(op):
+                    self.print_op(op)
+        self.enter_stream(None)
+        for op in scores:
+            if self.combined(op):
+                self.print_op(op)
+        for op in products:
+            self.print_op(op)
+        self.advance_running_values(scores)
+        self.epilogue(r.terms, out_dtype)
+        if self.two_pass:
+            # P with its row factors applied tile by tile (the finished row values of the first pass)
+            finished = [self.finish(code, form.scale, form.factors, form.stream)
+                        for (_, _, form), (code, _) in zip(r.terms, self.term_factors)]
+            self.second = [line for i, line in enumerate(self.loop) if i not in self.updates]
+            self.second += self.v_lines + self.accumulate(r.terms, finished, self.v_dtype, rescale=False)
+        self.body = self.kernel_body()
+        return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
+                          out_dtype, r.D, r.Dv, configs=tuple(configs),
+                          index_bound=self.index_bound,
+                          side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs)
+                          + tuple(dtype for _, dtype in self.training_outputs()),
+                          training_outputs=tuple(name for name, _ in self.training_outputs()),
+                          partner_dims=tuple(p.d for p in r.partners),
+                          out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
+                          summaries=tuple(self.summaries), dv_split=self.dv_split,
+                          unclassified=tuple(dict.fromkeys(self.unclassified)), sym_nodes=tuple(self.sym_nodes))
+
+    # -- the tile program's operations ------------------------------------------------
+    def print_op(self, op) -> None:
+        """Print one operation of the tile program (OP_PRINTERS)."""
+        getattr(self, OP_PRINTERS[type(op)])(op)
+
+    def combined(self, op) -> bool:
+        """Is ``op`` computed once from the streams' values, after them (``Region.combined``), not
+        once per stream?"""
+        node = self.nodes.get(op.name)
+        return node is not None and node in self.r.combined
+
+    def grid(self, fb: int) -> None:
+        """The program id mapped to its row tile, its batch indices and its part of Dv; the index
+        vectors of the row tile and of the head dims."""
+        L = self.L
         self.pre += [f"pid = {L.program_id}(0)", *self.tile_of("pid"), "rest = lin"]
         # the parts of one row tile run side by side, sharing its K/V tiles in L2
         dv_start = f"dvb * {self.dv_width} + " if self.dv_split > 1 else ""  # this program's first Dv column
@@ -686,78 +751,103 @@ class _Printer:
             f"offs_dv = {dv_start}{self.arange(self.dv_width)}",
             f"{DVC} = offs_dv[None, :]",
         ]
+
+    def addresses(self) -> None:
+        """The addresses of the Q and K tiles of every stream and of the V tile, and their masks,
+        computed once per row tile before any load."""
+        L, r = self.L, self.r
         # head-dim masks only where D, Dv are not already powers of two (tile width = size)
         d_row = "offs_d[None, :] < D" if r.D != pow2(r.D) else None
         d_col = "offs_d[:, None] < D" if r.D != pow2(r.D) else None
         lins = [self.stream_lin(st) for st in self.streams]
-        q_ptrs, q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row, lins)
-        k_ptrs, k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok", lins)
+        q_ptrs, self.q_mask = self.operand("q", r.q, ROW, "offs_d[None, :]", f"{ROW} < M", d_row, lins)
+        k_ptrs, self.k_mask = self.operand("k", r.k, "offs_d[:, None]", COL, d_col, "col_ok", lins)
+        self.q_ptrs, self.k_ptrs = dict(zip(self.streams, q_ptrs)), dict(zip(self.streams, k_ptrs))
         # V's padded Dv columns re-read its last column instead of being masked: on an H100 (Triton
         # 3.6) a 16-bit V tile masked along Dv fed to tl.dot at 64-wide tiles gave wrong rows and
         # illegal addresses (benchmarks/NOTES.md, 2026-11-26); the padded output columns are never stored
         v_cols = "offs_dv[None, :]" if r.Dv == pow2(r.Dv) else f"{L.minimum}(offs_dv, DV - 1)[None, :]"
-        (v_ptrs,), v_mask = self.operand("v", r.v, "offs_n[:, None]", v_cols, "row_ok", None)
-        reductions = {red.node: red for red in r.reductions}
-        for st, q_ptr, k_ptr in zip(self.streams, q_ptrs, k_ptrs):
-            self.enter_stream(st)
-            x = self.sfx()
-            self.pre.append(f"q{x} = {L.load}({q_ptr}, mask={q_mask}, other=0.0)")
+        (self.v_ptr,), self.v_mask = self.operand("v", r.v, "offs_n[:, None]", v_cols, "row_ok", None)
+
+    def load_op(self, op: Load) -> None:
+        """A contraction's operand tile (``q``, ``k``, ``v``; a further contraction's ``q<i>``,
+        ``k<i>``); a tensor the score chain reads is loaded by the value printer where it is read."""
+        if not op.operand:
+            return
+        L, r, x = self.L, self.r, self.sfx()
+        if op.name == "q":
+            self.pre.append(f"q{x} = {L.load}({self.q_ptrs[self.stream]}, mask={self.q_mask}, other=0.0)")
             self.pre += _scaled("q" + x, r.q)
-            self.loop.append(f"k{x} = {L.load}({k_ptr}, mask={k_mask}, other=0.0)")
+        elif op.name == "k":
+            self.loop.append(f"k{x} = {L.load}({self.k_ptrs[self.stream]}, mask={self.k_mask}, other=0.0)")
             self.loop += _scaled("k" + x, r.k)
+        elif op.name == "v":
+            self.v_load()
+        elif op.name.startswith("q"):
+            self.partner_q(int(op.name[1:]) - 1)
+        else:
+            self.partner_k(int(op.name[1:]) - 1)
+
+    def dot_op(self, op: Dot) -> None:
+        """A score contraction ``Q·Kᵀ`` per key tile: the frame's (``q``, ``k``) or a further one's."""
+        r, x = self.r, self.sfx()
+        if op.a == "q":
             self.loop.append(f"s{x} = {self.dot(f'q{x}', f'k{x}', r.q.node.meta['val'].dtype)}")
             self.vars[r.frame] = Value(f"s{x}", True) if not self.two_pass else self.place(
                 self.held(f"s{x}", r.frame), True, "s")
-            for j, partner in enumerate(r.partners):
-                self.partner_scores(j, partner)
-            # accumulator state: one online value per reduction and stream
-            for red in r.reductions:
-                combine, init = ONLINE_REDUCTIONS[packet(red.node.target)]
-                self.pre.append(f"acc_{self.label(red.node)}{x} = {L.full}([BLOCK_M, 1], {init}, {L.float32})")
-            for node in r.dag:
-                if node not in r.combined:
-                    self.dag_node(node, reductions)
-        self.enter_stream(None)
-        for node in r.dag:
-            if node in r.combined:
-                self.dag_node(node, reductions)
-        # one P·V accumulator per term of P, each its dot's own accumulator: rescaled, then
-        # accumulated into
-        terms = r.terms
-        v_dtype = r.v.node.meta["val"].dtype
-        v_lines = [f"v = {L.load}({v_ptrs}, mask={v_mask}, other=0.0)", *_scaled("v", r.v)]
-        values = [self.term_value(node, form) for _, node, form in terms]
-        self.term_factors = [(p.code, 1.0) if self.two_pass else deferred_constant(p, v_dtype) for p in values]
-        self.checks_output = self.flags_rows and not self.bounded_accumulation()
-        for t, (_, node, form) in enumerate(terms):
-            self.pre.append(f"acc{t} = {L.zeros}([BLOCK_M, {self.dv_width}], {L.float32})")
-        if not self.two_pass:
-            self.loop += v_lines
-            self.loop += self.accumulate(terms, [code for code, _ in self.term_factors], v_dtype, rescale=True)
+            return
+        j = int(op.a[1:]) - 1
+        partner = r.partners[j]
+        self.loop.append(f"sx{j} = {self.dot(f'qx{j}', f'kx{j}', partner.q.node.meta['val'].dtype)}")
+        self.vars[partner.view] = Value(f"sx{j}", True)
+
+    def value_op(self, op) -> None:
+        """A value of the score chain (a Map or an online reduction), printed by the value printer;
+        a value from outside the region that the kernel computes, or an index expression, is
+        printed where a value reads it."""
+        node = self.nodes.get(op.name)
+        if node is not None and node in self.r.dag:
+            self.dag_node(node, self.reductions)
+
+    def running_values(self, scores) -> None:
+        """Each online reduction's running value, initialised before the loop (one per stream)."""
+        for op in scores:
+            if isinstance(op, RowReduce):
+                node = self.nodes[op.name]
+                _, init = ONLINE_REDUCTIONS[packet(node.target)]
+                self.pre.append(f"acc_{self.label(node)}{self.sfx()} = {self.L.full}([BLOCK_M, 1], {init}, "
+                                f"{self.L.float32})")
+
+    def advance_running_values(self, scores) -> None:
+        """At the end of a key tile: each running maximum and minimum takes its new value (the
+        sums were updated in place)."""
         for st in self.streams:
-            for red in r.reductions:
-                if red.combine in ("max", "min"):
-                    name = f"{self.label(red.node)}{self.sfx(st)}"
+            for op in scores:
+                if isinstance(op, RowReduce) and op.combine in ("max", "min"):
+                    name = f"{self.label(self.nodes[op.name])}{self.sfx(st)}"
                     self.updates.add(len(self.loop))
                     self.loop.append(f"acc_{name} = new_{name}")
-        self.epilogue(terms, out_dtype)
-        if self.two_pass:
-            # P with its row factors applied tile by tile (the finished row values of the first pass)
-            finished = [self.finish(code, form.scale, form.factors, form.stream)
-                        for (_, _, form), (code, _) in zip(terms, self.term_factors)]
-            self.second = [line for i, line in enumerate(self.loop) if i not in self.updates]
-            self.second += v_lines + self.accumulate(terms, finished, v_dtype, rescale=False)
-        self.body = self.kernel_body()
-        return KernelPlan(self.name, self.source(), self.args, self.inputs, fb,
-                          out_dtype, r.D, r.Dv, configs=tuple(configs),
-                          index_bound=self.index_bound,
-                          side_dtypes=tuple(n.meta["val"].dtype for n in r.side_outputs)
-                          + tuple(dtype for _, dtype in self.training_outputs()),
-                          training_outputs=tuple(name for name, _ in self.training_outputs()),
-                          partner_dims=tuple(p.d for p in r.partners),
-                          out_order=_memory_order(r.output.meta["val"]) if r.output_ops else None,
-                          summaries=tuple(self.summaries), dv_split=self.dv_split,
-                          unclassified=tuple(dict.fromkeys(self.unclassified)), sym_nodes=tuple(self.sym_nodes))
+
+    def v_load(self) -> None:
+        """V's tile, and what the accumulations read: each term's tile of P and its constant
+        factor (deferred past ``P·V`` where that cannot overflow, ``deferred_constant``)."""
+        L, r = self.L, self.r
+        self.v_dtype = r.v.node.meta["val"].dtype
+        self.v_lines = [f"v = {L.load}({self.v_ptr}, mask={self.v_mask}, other=0.0)", *_scaled("v", r.v)]
+        values = [self.term_value(node, form) for _, node, form in r.terms]
+        self.term_factors = [(p.code, 1.0) if self.two_pass else deferred_constant(p, self.v_dtype) for p in values]
+        self.checks_output = self.flags_rows and not self.bounded_accumulation()
+        if not self.two_pass:
+            self.loop += self.v_lines
+
+    def accumulate_op(self, op: Accumulate) -> None:
+        """A term's accumulator ``acc<t>`` (zero before the loop), and per key tile ``acc += P·V``,
+        rescaled first where the term is computed against a running maximum (the repair kernel's
+        second pass accumulates the finished P instead: ``build``)."""
+        t = int(op.acc.removeprefix("acc"))
+        self.pre.append(f"acc{t} = {self.L.zeros}([BLOCK_M, {self.dv_width}], {self.L.float32})")
+        if not self.two_pass:
+            self.loop += self.accumulate_term(t, self.r.terms[t][2], self.term_factors[t][0], self.v_dtype, True)
 
     def training_outputs(self) -> tuple:
         """(name, dtype) of each result the training forward stores after the region's own
@@ -791,14 +881,18 @@ class _Printer:
                                 and all(softmax_term(node, form) for _, node, form in r.terms))
 
     def accumulate(self, terms: list, tiles: list, v_dtype, rescale: bool) -> list[str]:
-        """Loop lines that add each term's ``tile·V`` into its accumulator, rescaled first by the
+        """Loop lines that add each term's ``tile·V`` into its accumulator (accumulate_term)."""
+        return [line for t, ((_, _, form), tile) in enumerate(zip(terms, tiles))
+                for line in self.accumulate_term(t, form, tile, v_dtype, rescale)]
+
+    def accumulate_term(self, t: int, form, tile: str, v_dtype, rescale: bool) -> list[str]:
+        """Loop lines that add term ``t``'s ``tile·V`` into ``acc<t>``, rescaled first by the
         term's running maximum where ``rescale``."""
         lines = []
-        for t, ((_, _, form), tile) in enumerate(zip(terms, tiles)):
-            p_tile = f"{self.L.where}(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
-            if rescale and form.scale is not None:
-                lines.append(f"acc{t} = acc{t} * alpha_{self.label(form.scale)}{self.sfx(form.stream)}")
-            lines.append(f"acc{t} = {self.dot(p_tile, 'v', v_dtype, f'acc{t}')}")
+        p_tile = f"{self.L.where}(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
+        if rescale and form.scale is not None:
+            lines.append(f"acc{t} = acc{t} * alpha_{self.label(form.scale)}{self.sfx(form.stream)}")
+        lines.append(f"acc{t} = {self.dot(p_tile, 'v', v_dtype, f'acc{t}')}")
         return lines
 
     def term_value(self, node: fx.Node, form) -> Value:
@@ -826,20 +920,23 @@ class _Printer:
         """The Dv columns one program holds: all of them (``DVP``) or its part of a split."""
         return "DVP" if self.dv_split == 1 else f"(DVP // {self.dv_split})"
 
-    def partner_scores(self, j: int, partner) -> None:
-        """``Q'·K'ᵀ`` of a further score contraction, per key tile, head dim ``DX{j}``."""
+    def partner_q(self, j: int) -> None:
+        """The Q' tile of a further score contraction (head dim ``DX{j}``), once per row tile, and
+        the addresses of its Q' and K' tiles."""
+        partner = self.r.partners[j]
         pad = partner.d != pow2(partner.d)
         self.pre.append(f"offs_dx{j} = {self.arange(f'DXP{j}')}")
         (q_ptr,), q_mask = self.operand(f"qx{j}", partner.q, ROW, f"offs_dx{j}[None, :]", f"{ROW} < M",
                                         f"offs_dx{j}[None, :] < DX{j}" if pad else None)
-        (k_ptr,), k_mask = self.operand(f"kx{j}", partner.k, f"offs_dx{j}[:, None]", COL,
-                                        f"offs_dx{j}[:, None] < DX{j}" if pad else None, "col_ok")
+        (self.partner_k_ptrs[j],), self.partner_k_masks[j] = self.operand(
+            f"kx{j}", partner.k, f"offs_dx{j}[:, None]", COL, f"offs_dx{j}[:, None] < DX{j}" if pad else None, "col_ok")
         self.pre.append(f"qx{j} = {self.L.load}({q_ptr}, mask={q_mask}, other=0.0)")
         self.pre += _scaled(f"qx{j}", partner.q)
-        self.loop.append(f"kx{j} = {self.L.load}({k_ptr}, mask={k_mask}, other=0.0)")
-        self.loop += _scaled(f"kx{j}", partner.k)
-        self.loop.append(f"sx{j} = {self.dot(f'qx{j}', f'kx{j}', partner.q.node.meta['val'].dtype)}")
-        self.vars[partner.view] = Value(f"sx{j}", True)
+
+    def partner_k(self, j: int) -> None:
+        """The K' tile of a further score contraction, per key tile."""
+        self.loop.append(f"kx{j} = {self.L.load}({self.partner_k_ptrs[j]}, mask={self.partner_k_masks[j]}, other=0.0)")
+        self.loop += _scaled(f"kx{j}", self.r.partners[j].k)
 
     def dag_node(self, node: fx.Node, reductions: dict) -> None:
         split = self.r.split
@@ -1422,6 +1519,11 @@ class _Printer:
                 *("        " + line for line in ["pid = prog + (first + j) * progs", *self.body[1:]])])]
 
 
+# The tile program's operations in the loop and before it, each printed by a _Printer method (an
+# Index is printed where a value reads it; the epilogue and stores by ``_Printer.epilogue``).
+OP_PRINTERS = {Load: "load_op", Dot: "dot_op", Index: "value_op", Map: "value_op", RowReduce: "value_op",
+               Accumulate: "accumulate_op"}
+
 COMPARISONS = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
 
 
@@ -1741,14 +1843,16 @@ def dv_split_of(region: Region) -> int:
 
 
 def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
-                options: KernelOptions | None = None, statistics: tuple | None = None) -> KernelPlan:
+                options: KernelOptions | None = None, statistics: tuple | None = None,
+                program: TileProgram | None = None) -> KernelPlan:
     """Print the Triton kernel of ``region`` (a plain ``@triton.jit`` function whose tile sizes
     are constexprs) and its candidate tile configurations, with the kernel settings ``options``
     (``config``'s now where None). ``statistics``: the (max, sum) nodes of the region's softmax
     whose row statistics the kernel stores after the row values (the training forward: two more
     fp32 rows, ``m`` and ``1/l``, then where ops follow P·V the output before them,
-    ``KernelPlan.side_dtypes``), or () for a P that needs none (elementwise). Raises Unprintable
-    for an op with no printer."""
+    ``KernelPlan.side_dtypes``), or () for a P that needs none (elementwise). ``program``: the
+    region's tile program (``tile.lower``'s), lowered here where None. Raises Unprintable for an
+    op with no printer."""
     options = options or kernel_options()
     elem_bytes = region.q.node.meta["val"].element_size()
     streams = region.split.count if region.split is not None else 1
@@ -1759,15 +1863,15 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, options, dv_split)
     printer.statistics = statistics
-    plan = printer.build(kinds, out_dtype, configs)
+    plan = printer.build(program or lower(region, kinds, PRINTERS, name), kinds, out_dtype, configs)
     plan.flags, plan.fp_fusion, plan.options = printer.flags, printer.fma, options
     if not plan.flags and elem_bytes != 2:
         return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) whose rows to repair
     # eager's form over every key tile (no tile summaries)
-    repair = _Printer(dataclasses.replace(region, tile_masks=[]), f"{name}_repair",
-                      dataclasses.replace(options, **EXACT_FORMS), dv_split)
+    dense = dataclasses.replace(region, tile_masks=[])
+    repair = _Printer(dense, f"{name}_repair", dataclasses.replace(options, **EXACT_FORMS), dv_split)
     repair.two_pass, repair.flags_rows, repair.statistics = True, False, statistics
-    repair.build(kinds, out_dtype, configs)
+    repair.build(lower(dense, kinds, PRINTERS, f"{name}_repair"), kinds, out_dtype, configs)
     plan.source = printer.source(repair)
     # the repair kernel reads some of the plan's inputs (not the ids its tile summaries need): its
     # arguments refer to them by their place among the plan's

@@ -29,9 +29,11 @@ class Load:
     tile), "keys" (``[BN, cols]``, per key tile), "scores" (``[BM, BN]``, broadcast from the
     tensor's own shape), "row values" (``[BM]``), "output" (``[BM, Dv]``, read by an output op) or
     "program" (one value per program). ``transposed``: the tensor holds the tile's transpose.
-    ``scale``: (("mul" | "div", constant), …) applied to the loaded tile. A value from outside the
-    region that the kernel computes from its own inputs (``tile.outside``) is not loaded: the
-    program holds its ops, as Maps over the loads of those inputs."""
+    ``scale``: (("mul" | "div", constant), …) applied to the loaded tile. ``operand``: a
+    contraction's operand (Q, K or V of the scores or of ``P·V``: ``q``, ``k``, ``v``; a further
+    score contraction's ``q1``, ``k1``, …), read at addresses the program computes once. A value
+    from outside the region that the kernel computes from its own inputs (``tile.outside``) is not
+    loaded: the program holds its ops, as Maps over the loads of those inputs."""
 
     name: str
     tensor: str
@@ -39,6 +41,7 @@ class Load:
     cols: int | None = None
     transposed: bool = False
     scale: tuple = ()
+    operand: bool = False
 
     def __str__(self) -> str:
         cols = f", :{self.cols}" if self.cols is not None else ""

@@ -108,7 +108,7 @@ class _Lowering:
     def _operand(self, name, operand, tile, cols, key_side=False) -> Load:
         # a key-side operand of the scores is Kᵀ [*, D, N]: ``transposed`` means its tensor holds K [*, N, D]
         transposed = not operand.transposed if key_side else operand.transposed
-        return Load(name, operand.node.name, tile, cols, transposed, tuple(operand.scale))
+        return Load(name, operand.node.name, tile, cols, transposed, tuple(operand.scale), operand=True)
 
     def _trailing(self) -> list:
         """The P·V contraction and the views after it, up to the output ops: the output tile."""
