@@ -115,3 +115,52 @@ def test_the_tile_program_computes_the_variant(name):
     # fp64, but for values the graph computes outside the program (Index ops, a bias), taken from its fp32 run
     torch.testing.assert_close(tensors[region.output.name].reshape(expected.shape), expected, equal_nan=True,
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_the_triton_kernel_is_printed_from_its_tile_program(name, monkeypatch):
+    """The printer walks the program explain() shows: every operation before the epilogue has an op
+    printer, and an operation removed from the program is missing from the kernel."""
+    from fxflash.codegen import emit
+
+    _, programs = _programs(name)
+    for program in programs:
+        assert {type(op) for op in (*program.prologue, *program.body)} <= set(emit.OP_PRINTERS)
+    printed = []
+    monkeypatch.setattr(emit._Printer, "print_op", lambda self, op, walk=emit._Printer.print_op: (
+        printed.append(op), walk(self, op))[1])
+    _programs(name)
+    assert set(printed) == {op for program in programs for op in (*program.prologue, *program.body)}
+
+
+def test_removing_an_accumulation_from_the_program_removes_it_from_the_kernel():
+    from fxflash.analysis import analyse
+    from fxflash.capture import capture
+    from fxflash.codegen import emit
+    from fxflash.codegen.printers import PRINTERS
+    from fxflash.patterns.chains import find_chains
+    from fxflash.patterns.region import build_region
+    from fxflash.tile.lower import lower
+
+    variant = VARIANTS["vanilla"]
+    analysis = analyse(capture(variant.fn, variant.inputs(SHAPE)).graph_module)
+    region = build_region(analysis, find_chains(analysis)[0])
+    program = lower(region, analysis.kinds, PRINTERS)
+    def kernel(program):  # the kernel's own function, without a repair kernel's after it
+        return emit.emit_kernel(region, analysis.kinds, program=program).source.split("def fxflash_region_repair")[0]
+
+    assert "acc0 = tl.dot(" in kernel(program)
+    without = dataclasses.replace(program, body=tuple(op for op in program.body if not isinstance(op, ir.Accumulate)))
+    assert "acc0 = tl.dot(" not in kernel(without)
+
+
+def test_an_op_its_printer_refuses_is_refused_before_the_kernel_is_printed(monkeypatch):
+    from fxflash.codegen import emit
+
+    def scores(q, k, v):
+        s = (q @ k.transpose(-1, -2)).div(2.0, rounding_mode="trunc")
+        return torch.softmax(s, -1) @ v
+
+    monkeypatch.setattr(emit._Printer, "build", lambda *args: pytest.fail("the kernel was printed"))
+    (region,) = fxflash.explain(scores, *(torch.randn(1, 2, 16, 8) for _ in range(3))).regions
+    assert not region.fused and region.reason == "code generation: div with rounding mode 'trunc'"

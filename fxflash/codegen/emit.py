@@ -38,7 +38,7 @@ from ..tile.ir import Accumulate, Dot, Index, Load, Map, RowReduce, TileProgram
 from ..tile.lower import lower
 from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
-                       compute_dtype, dtype_name, literal)
+                       compute_dtype, dtype_name, literal, refusal)
 
 aten = torch.ops.aten
 ROW, COL = "rm", "cn"  # the row / column tile index vectors, shaped [BM, 1] and [1, BN]
@@ -1842,6 +1842,13 @@ def dv_split_of(region: Region) -> int:
     return split
 
 
+def _elementwise_ops(program: TileProgram, region: Region, kinds: dict) -> list:
+    """The FX nodes of the program's elementwise Maps: the ops the kernel prints with PRINTERS."""
+    nodes = {n.name: n for n in region.frame.graph.nodes}
+    return [nodes[op.name] for op in program.ops()
+            if isinstance(op, Map) and op.name in nodes and kinds.get(nodes[op.name]) is OpKind.ELEMENTWISE]
+
+
 def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
                 options: KernelOptions | None = None, statistics: tuple | None = None,
                 program: TileProgram | None = None) -> KernelPlan:
@@ -1863,7 +1870,11 @@ def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
     out_dtype = region.output.meta["val"].dtype
     printer = _Printer(region, name, options, dv_split)
     printer.statistics = statistics
-    plan = printer.build(program or lower(region, kinds, PRINTERS, name), kinds, out_dtype, configs)
+    program = program or lower(region, kinds, PRINTERS, name)
+    why = refusal(_elementwise_ops(program, region, kinds))
+    if why is not None:   # decided before anything is printed
+        raise Unprintable(why)
+    plan = printer.build(program, kinds, out_dtype, configs)
     plan.flags, plan.fp_fusion, plan.options = printer.flags, printer.fma, options
     if not plan.flags and elem_bytes != 2:
         return plan  # eager's own form, and no Gluon kernel (16-bit inputs only) whose rows to repair

@@ -91,7 +91,8 @@ from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype,
                    row_guard)
 from .gluon_plan import LOADER_REGS, STREAM_DV_DIMS, GluonPlan
-from .printers import Namespace, Unprintable, gpu_helpers
+from .printers import PRINTERS, Namespace, Unprintable, gpu_helpers
+from .printers import refusal as printer_refusal
 
 aten = torch.ops.aten
 
@@ -306,6 +307,11 @@ def refusal(r: Region, statistics: bool = False) -> str | None:
     found = softmax_of(r)
     if isinstance(found, str):
         return found
+    # the score function's ops and the output ops, as the Gluon kernel names the tile language
+    printed = [n for n in (*r.dag[:r.dag.index(found.maximum)], *r.output_ops) if packet(n.target) in PRINTERS]
+    why = printer_refusal(printed, GL)
+    if why is not None:
+        return why
     return _statistics_refusal(r, found) if statistics else None
 
 

@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from ..analysis.ops import packet
+
 aten = torch.ops.aten
 
 
@@ -287,6 +289,22 @@ PRINTERS = {
     aten.acosh: _helper("_fx_acosh"),
     aten.atanh: _helper("_fx_atanh"),
 }
+
+def refusal(nodes, L: Namespace = TL) -> str | None:
+    """Why one of the elementwise ``nodes`` cannot be printed (its op has no printer, or its printer
+    refuses these arguments: a rounding mode, a float64 cast, a function ``L``'s backend lacks), or
+    None: decided before a kernel is printed, by running each op's printer once on placeholder
+    argument codes (a printer decides from the node, never from its arguments' codes)."""
+    for node in nodes:
+        p = packet(node.target)
+        if p not in PRINTERS:
+            return f"no printer for {node.target}"
+        try:
+            PRINTERS[p]([f"a{i}" for i in range(len(node.args) + len(node.kwargs))], node, L)
+        except Unprintable as exc:
+            return str(exc)
+    return None
+
 
 # Helper functions a generated module defines when its kernel calls them: name → source.
 # GPU_HELPERS replace them on GPUs with CUDA's libdevice or the special-function unit's
