@@ -133,6 +133,7 @@ def test_the_triton_kernel_is_printed_from_its_tile_program(name, monkeypatch):
     assert set(printed) == {op for program in programs for op in (*program.prologue, *program.body)}
 
 
+@pytest.mark.fusion_independent  # prints the kernel directly, without the pipeline's fusion switch
 def test_removing_an_accumulation_from_the_program_removes_it_from_the_kernel():
     from fxflash.analysis import analyse
     from fxflash.capture import capture
