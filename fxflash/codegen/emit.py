@@ -34,7 +34,7 @@ from .plan import KernelPlan, block_dims_of, pow2, reindexed
 from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncast
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
-from ..tile.ir import Accumulate, Dot, Index, Load, Map, RowReduce, TileProgram
+from ..tile.ir import Accumulate, Dot, Finish, Index, Load, Map, RowReduce, TileProgram
 from ..tile.lower import lower
 from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
@@ -705,7 +705,7 @@ class _Printer:
         for op in products:
             self.print_op(op)
         self.advance_running_values(scores)
-        self.epilogue(r.terms, out_dtype)
+        self.epilogue(program, out_dtype)
         if self.two_pass:
             # P with its row factors applied tile by tile (the finished row values of the first pass)
             finished = [self.finish(code, form.scale, form.factors, form.stream)
@@ -1042,43 +1042,51 @@ class _Printer:
             self.loop.append(f"{acc} = {acc} + {tile}")
         self.vars[red.node] = Value(acc, True)
 
-    def epilogue(self, terms: list, out_dtype) -> None:
-        """After the loop: finish the row values (reductions with their deferred factors, then
-        the row ops, in graph order; per stream, then in the output frame), apply each term's
-        factors and store ``Σ ± acc_t``."""
+    def epilogue(self, program: TileProgram, out_dtype) -> None:
+        """After the loop, from the program's epilogue: per stream (then in the output frame, for
+        the row values combined from the streams), each running maximum's rows that saw no score
+        above -inf marked, then the row values in program order (running values final with their
+        deferred factors, row ops); the row values stored beside the output (the program's "row
+        values" Stores); each term's factors applied and ``Σ ± acc_t`` stored."""
         L = self.L
         r = self.r
+        terms = r.terms
         self.in_epilogue = True
-        reductions = {red.node: red for red in r.reductions}
+        epilogue = set(r.epilogue)
+        rows = [op for op in program.epilogue if op.name in self.nodes and (
+            isinstance(op, Finish) and self.nodes[op.name] in self.reductions
+            or isinstance(op, Map) and self.nodes[op.name] in epilogue)]
         for st in [*self.streams, None] if r.split is not None else [None]:
             self.enter_stream(st)
             x = self.sfx()
-            if st is not None or r.split is None:
-                for red in r.reductions:
-                    if red.combine == "max":
-                        # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
-                        # -inf; its sums are 0, so the shift factor E(m - r) may see m as 0 here
-                        # (the loop subtracted -FLT_MAX, OFFSET_GUARD)
-                        m = f"{self.label(red.node)}{x}"
-                        if self.max_in_log2(red.node):
-                            self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units
-                        self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
-                        self.post.append(f"mu_{m} = {L.where}(nanrow_{m}, 0.0, acc_{m})")
-            rows = [n for n in r.epilogue if (n in r.combined) == (st is None and r.split is not None)]
-            if st is not None or r.split is None:
-                rows += list(reductions)
-            for node in sorted(rows, key=self.order.__getitem__):
-                if node in reductions:
-                    red = reductions[node]
-                    value = self.finish(f"acc_{self.label(node)}{x}", red.scale, red.factors, st)
-                    self.vars[node] = self.place(self.held(value, node), False, "row")
-                    self.check_range(red)
+            own = st is not None or r.split is None  # the stream's own row values (or there are no streams)
+            for op in rows if own else ():
+                node = self.nodes[op.name]
+                if isinstance(op, Finish) and self.reductions[node].combine == "max":
+                    # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
+                    # -inf; its sums are 0, so the shift factor E(m - r) may see m as 0 here
+                    # (the loop subtracted -FLT_MAX, OFFSET_GUARD)
+                    m = f"{self.label(node)}{x}"
+                    if self.max_in_log2(node):
+                        self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units
+                    self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
+                    self.post.append(f"mu_{m} = {L.where}(nanrow_{m}, 0.0, acc_{m})")
+            for op in rows:
+                node = self.nodes[op.name]
+                if isinstance(op, Finish):
+                    if own:
+                        red = self.reductions[node]
+                        value = self.finish(f"acc_{self.label(node)}{x}", red.scale, red.factors, st)
+                        self.vars[node] = self.place(self.held(value, node), False, "row")
+                        self.check_range(red)
+                elif (node in r.combined) != (st is None and r.split is not None):
+                    continue
                 elif packet(node.target) in ROW_LAYOUTS:
                     self.vars[node] = self.vars[node.args[0]]  # a row value's unit axis dropped or restored
                 else:
                     idx = self.node_idx(node)
                     self.vars[node] = self.apply(node, [self.arg(a, idx) for a in node.args])
-        rows = [self.vars[node].code for node in r.side_outputs]
+        rows = [self.vars[self.nodes[op.value]].code for op in program.stores if op.tile == "row values"]
         if self.statistics:
             # the backward's P = exp(x − m) · (1/l): the maximum the exponent was taken against
             # (natural units) and the reciprocal of the finished sum. The repair kernel's rows are

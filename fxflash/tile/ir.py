@@ -147,7 +147,8 @@ class SkipIf:
 @dataclasses.dataclass(frozen=True)
 class Finish:
     """After the loop: ``acc`` with the row factors of its deferred value applied in order:
-    (("mul" | "div", row), …) or ("shift", row) for ``E(m − row)``."""
+    (("mul" | "div", row), …) or ("shift", row) for ``E(m − row)``. ``name == acc``: an online
+    reduction's running value, final (printed ``amax final``)."""
 
     name: str
     acc: str
@@ -157,6 +158,8 @@ class Finish:
         text = self.acc
         for op, row in self.factors:
             text = {"mul": f"{text} · {row}", "div": f"{text} / {row}", "shift": f"{text} · E(m − {row})"}[op]
+        if self.name == self.acc:
+            return f"{self.name} final" + (f" = {text}" if self.factors else "")
         return f"{self.name} = {text}"
 
 

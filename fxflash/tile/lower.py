@@ -73,7 +73,11 @@ class _Lowering:
         body += [Accumulate(f"acc{i}", node.name, "v", 1, form.scale.name if form.scale is not None else None)
                  for i, (_, node, form) in enumerate(terms)]
         epilogue = []
-        for node in r.epilogue:  # row values finished after the loop
+        order = {n: i for i, n in enumerate(r.frame.graph.nodes)}
+        for node in sorted([*online, *r.epilogue], key=order.__getitem__):  # row values, in graph order
+            if node in online:  # a running value final, its deferred row factors applied
+                epilogue.append(Finish(node.name, node.name, tuple((f.op, f.row.name) for f in online[node].factors)))
+                continue
             epilogue += self._inputs(node, "row values")
             epilogue.append(Map(node.name, _op_name(node), self._args(node), "row"))
             self.bound.add(node)
