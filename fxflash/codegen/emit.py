@@ -213,6 +213,8 @@ class _Printer:
         self.second: list = []     # the second pass's loop body
         self.out_at = 0            # where the lines that combine and store the output begin in ``post``
         self.body: list = []       # the kernel's body (build)
+        self.nodes = {n.name: n for n in region.frame.graph.nodes}  # the tile program's value names → FX nodes
+        self.reductions = {red.node: red for red in region.reductions}
         self.partner_k_ptrs: dict = {}   # further score contractions' K' tile addresses and masks, by index
         self.partner_k_masks: dict = {}
         # (max node, sum node) of the region's softmax whose row statistics the kernel also stores
@@ -666,7 +668,6 @@ class _Printer:
         its first parameters. Returns the number of frame batch axes."""
         self.kinds = kinds
         self.outside_values = Outside(kinds, self.r.output_ops, PRINTERS)
-        self.order = {n: i for i, n in enumerate(self.r.frame.graph.nodes)}
         fb = len(self.frame_shape) - 2
         for i in range(fb):
             self.param(f"FB{i}", ("frame", i))
@@ -685,8 +686,6 @@ class _Printer:
         r = self.r
         fb = self.begin(kinds)
         self.grid(fb)
-        self.nodes = {n.name: n for n in r.frame.graph.nodes}
-        self.reductions = {red.node: red for red in r.reductions}
         self.addresses()
         v_at = next(i for i, op in enumerate(program.body) if isinstance(op, Load) and op.name == "v")
         scores, products = program.body[:v_at], program.body[v_at:]
@@ -1053,14 +1052,14 @@ class _Printer:
         terms = r.terms
         self.in_epilogue = True
         epilogue = set(r.epilogue)
-        rows = [op for op in program.epilogue if op.name in self.nodes and (
+        row_ops = [op for op in program.epilogue if op.name in self.nodes and (
             isinstance(op, Finish) and self.nodes[op.name] in self.reductions
             or isinstance(op, Map) and self.nodes[op.name] in epilogue)]
         for st in [*self.streams, None] if r.split is not None else [None]:
             self.enter_stream(st)
             x = self.sfx()
             own = st is not None or r.split is None  # the stream's own row values (or there are no streams)
-            for op in rows if own else ():
+            for op in row_ops if own else ():
                 node = self.nodes[op.name]
                 if isinstance(op, Finish) and self.reductions[node].combine == "max":
                     # eager computes exp(-inf - (-inf)) = nan for a row whose every score is
@@ -1071,7 +1070,7 @@ class _Printer:
                         self.post.append(f"acc_{m} = acc_{m} * {LN2!r}")  # back from exp2 units
                     self.post.append(f"nanrow_{m} = acc_{m} == float('-inf')")
                     self.post.append(f"mu_{m} = {L.where}(nanrow_{m}, 0.0, acc_{m})")
-            for op in rows:
+            for op in row_ops:
                 node = self.nodes[op.name]
                 if isinstance(op, Finish):
                     if own:

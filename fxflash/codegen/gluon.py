@@ -91,8 +91,7 @@ from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype,
                    row_guard)
 from .gluon_plan import LOADER_REGS, STREAM_DV_DIMS, GluonPlan
-from .printers import PRINTERS, Namespace, Unprintable, gpu_helpers
-from .printers import refusal as printer_refusal
+from .printers import PRINTERS, Namespace, Unprintable, gpu_helpers, refusal as printer_refusal
 
 aten = torch.ops.aten
 

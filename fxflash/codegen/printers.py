@@ -290,6 +290,7 @@ PRINTERS = {
     aten.atanh: _helper("_fx_atanh"),
 }
 
+
 def refusal(nodes, L: Namespace = TL) -> str | None:
     """Why one of the elementwise ``nodes`` cannot be printed (its op has no printer, or its printer
     refuses these arguments: a rounding mode, a float64 cast, a function ``L``'s backend lacks), or
