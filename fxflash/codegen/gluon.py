@@ -87,6 +87,8 @@ from ..config import KernelOptions, kernel_options
 from ..patterns.region import Region
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E
 from ..tile.backward import statistics_nodes
+from ..tile.ir import Map, RowReduce
+from ..tile.lower import lower
 from .emit import FLT_MAX as FLT_MAX_F32
 from .emit import (COL, DVC, ROW, SATURATION_LOG2, Value, _memory_order, _Printer, _scaled, compute_dtype,
                    row_guard)
@@ -470,12 +472,17 @@ def emit_gluon(r: Region, kinds: dict, name: str = "fxflash_gluon",
     # the score DAG up to the value the maximum reads, as emit prints it for one key tile, for
     # each stream at its own batch indices
     c = score_scale(r)
+    # the score chain's values up to the maximum, walked in the region's tile program (the loads,
+    # contractions and reductions around them are the template's)
+    body = lower(r, kinds, PRINTERS, name).body
+    cut = next(i for i, op in enumerate(body) if isinstance(op, RowReduce) and op.name == sm.maximum.name)
+    chain = [pr.nodes[op.name] for op in body[:cut] if isinstance(op, (Map, RowReduce)) and pr.nodes.get(op.name) in r.dag]
     printed = []
     for st in pr.streams:
         pr.pre, pr.loop = [], []
         pr.enter_stream(st)
         pr.vars[r.frame] = Value("s", True) if c == 1.0 else Value(f"(s * {c!r})", True, scaled=("s", c))
-        for node in r.dag[:r.dag.index(sm.maximum)]:
+        for node in chain:
             pr.dag_node(node, {})
         x = pr.vars[next(red.source for red in r.reductions if red.node is sm.maximum)]
         printed.append((pr.pre, pr.loop, x.scaled or (x.code, 1.0)))
