@@ -166,3 +166,19 @@ def test_an_op_its_printer_refuses_is_refused_before_the_kernel_is_printed(monke
     monkeypatch.setattr(emit._Printer, "build", lambda *args: pytest.fail("the kernel was printed"))
     (region,) = fxflash.explain(scores, *(torch.randn(1, 2, 16, 8) for _ in range(3))).regions
     assert not region.fused and region.reason == "code generation: div with rounding mode 'trunc'"
+
+
+def test_a_value_from_outside_the_region_whose_printer_refuses_is_loaded_not_refused():
+    """The refusal before printing covers the region's own ops; a value it reads from outside that
+    no printer takes (a rounded division) is computed by eager and loaded, as it was before."""
+    from helpers import assert_fused
+
+    def scores(q, k, v, pos):
+        bias = (pos[:, None] - pos[None, :]).div(3.0, rounding_mode="trunc")
+        return torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
+
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    pos = torch.arange(16, dtype=torch.float32) * 1.5
+    report = fxflash.explain(scores, q, k, v, pos)
+    assert_fused(report, 1)
+    torch.testing.assert_close(fxflash.optimize(scores)(q, k, v, pos), scores(q, k, v, pos))

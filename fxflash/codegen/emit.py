@@ -1850,10 +1850,12 @@ def dv_split_of(region: Region) -> int:
 
 
 def _elementwise_ops(program: TileProgram, region: Region, kinds: dict) -> list:
-    """The FX nodes of the program's elementwise Maps: the ops the kernel prints with PRINTERS."""
-    nodes = {n.name: n for n in region.frame.graph.nodes}
-    return [nodes[op.name] for op in program.ops()
-            if isinstance(op, Map) and op.name in nodes and kinds.get(nodes[op.name]) is OpKind.ELEMENTWISE]
+    """The FX nodes of the program's elementwise Maps of the region's own ops: those the kernel
+    prints with PRINTERS or not at all. (A value from outside the region whose printer refuses is
+    loaded instead, computed by eager: ``_Printer.outside``.)"""
+    own = {n.name: n for n in region.nodes}
+    return [own[op.name] for op in program.ops()
+            if isinstance(op, Map) and op.name in own and kinds.get(own[op.name]) is OpKind.ELEMENTWISE]
 
 
 def emit_kernel(region: Region, kinds: dict, name: str = "fxflash_region",
