@@ -272,6 +272,47 @@ def test_programs_that_crashed_fuse_and_are_right(program, m, device):
     assert_accurate(fn, args, out)
 
 
+@pytest.mark.parametrize("share", ["expand", "repeat_interleave"])
+def test_rows_every_key_masks_with_a_finite_fill_under_grouped_heads(share, device):
+    """A row whose every key a ``finfo.min`` fill masks is V's average over the keys, read from V's
+    column sums (the kernel visits none of its tiles). With one K/V head shared by the query heads
+    (batch one) the sums were a view with a broadcast row, and every head but the first read past
+    it (a random program)."""
+    def program(q, k, v, keep):
+        k, v = ((t[:, :, None].expand(1, 1, 4, 16, t.size(-1)).reshape(1, 4, 16, -1) if share == "expand"
+                 else t.repeat_interleave(4, dim=1)) for t in (k, v))
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep, torch.finfo(q.dtype).min)
+        return torch.softmax(s, -1) @ v
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 5, 8, generator=g), torch.randn(1, 1, 16, 8, generator=g), torch.randn(1, 1, 16, 8, generator=g)
+    keep = torch.rand(1, 1, 5, 1, generator=g) > 0.5   # whole rows kept or masked
+    keep[..., 0, :] = False
+    args = tuple(a.to(device) for a in (q, k, v, keep))
+    optimized = fxflash.optimize(program)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(program, args, out)
+
+
+def test_rows_every_key_masks_with_a_finite_fill_over_a_transposed_v(device):
+    """V read through a transpose (stored ``[*, Dv, N]``): its column sums would be taken over the
+    wrong axis, so such rows are computed again by the repair kernel instead."""
+    def program(q, k, vt, keep):
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep, torch.finfo(q.dtype).min)
+        return torch.softmax(s, -1) @ vt.transpose(-1, -2)
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 16, 8, generator=g),
+            torch.randn(1, 2, 6, 16, generator=g), torch.rand(1, 1, 5, 1, generator=g) > 0.5)
+    args[3][..., 0, :] = False
+    args = tuple(a.to(device) for a in args)
+    optimized = fxflash.optimize(program)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(program, args, out)
+
+
 def test_meta_tensors_run_eagerly():
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2), -1) @ v

@@ -1366,7 +1366,7 @@ class _Printer:
 
         (mask, *others), r = self.r.tile_masks, self.r
         if (others or mask.scores is None or mask.exact_below is None or r.split is not None or r.v.scale
-                or isinstance(softmax_of(r), str)):
+                or r.v.transposed or isinstance(softmax_of(r), str)):  # colsum sums V stored [*, N, Dv]
             return None
         return mask
 

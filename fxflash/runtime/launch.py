@@ -136,9 +136,13 @@ def largest_magnitude(t: torch.Tensor) -> tuple[torch.Tensor]:
 
 
 def column_sums(t: torch.Tensor) -> tuple[torch.Tensor]:
-    """The sums over N of ``t`` (``[*batch, N, Dv]``) in fp32, as a dense ``[batch, Dv]`` tensor
-    whose rows follow the kernel's flat batch index ``lin``."""
-    return (_stored(t).sum(-2, dtype=torch.float32).expand(*t.shape[:-2], t.shape[-1]).reshape(-1, t.shape[-1]),)
+    """The sums over N of ``t`` (``[*batch, N, Dv]``, V as the kernel receives it: its batch the
+    frame's, broadcast axes included) in fp32, as a dense ``[batch, Dv]`` tensor whose rows follow
+    the kernel's flat batch index ``lin``. Dense: where the only batch axis of more than one item is
+    a broadcast one (one K/V head shared by every query head) the reshape is a view with stride 0,
+    and the kernel, reading row ``lin`` at ``lin · Dv``, would read past the one row it holds."""
+    return (_stored(t).sum(-2, dtype=torch.float32).expand(*t.shape[:-2], t.shape[-1])
+            .reshape(-1, t.shape[-1]).contiguous(),)
 
 
 # The summaries a launch computes (KernelPlan.summaries' second entries other than an axis).
