@@ -313,6 +313,25 @@ def test_rows_every_key_masks_with_a_finite_fill_over_a_transposed_v(device):
     assert_accurate(program, args, out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_a_bias_near_the_dtypes_limit_folded_under_the_score_scale_stays_finite(dtype, device):
+    """``s/√d + b`` with ``b = (1 − m)·finfo.min`` computed at run time: the kernel folds the scale,
+    ``(s + b·√d)/√d``, and ``b·√d`` overflowed to -inf where eager's sum is finite, so a row every
+    key masks came out NaN instead of V's average (a random program)."""
+    def program(q, k, v, m):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        return torch.softmax(s + (1.0 - m.to(s.dtype)) * torch.finfo(s.dtype).min, -1) @ v
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g).to(dtype) for _ in range(3))
+    for keep in (False, True):
+        args = tuple(a.to(device) for a in (q, k, v, torch.full((1, 1, 1, 1), keep)))
+        optimized = fxflash.optimize(program)
+        out = optimized(*args)
+        assert_fused(optimized.report(*args))
+        assert_accurate(program, args, out)
+
+
 def test_meta_tensors_run_eagerly():
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2), -1) @ v

@@ -1646,7 +1646,7 @@ def _row_factor(p, args: list) -> tuple | None:
 BIAS_FOLD_RANGE = (2.0 ** -8, 2.0 ** 24)
 
 
-def _plus(node, args, sign: str, past_adds: bool) -> tuple | None:
+def _plus(node, args, sign: str, past_adds: bool, L: Namespace = TL) -> tuple | None:
     """``c·x ± y`` as ``(x ± y/c, c)``, where ``y/c`` costs one operation per row: ``y`` constant
     along the keys, or ``f·b`` with ``f`` constant along them (Value.row_factor); only
     ``past_adds`` (options.fold_scale_add)."""
@@ -1656,13 +1656,33 @@ def _plus(node, args, sign: str, past_adds: bool) -> tuple | None:
         if x.scaled is None or not BIAS_FOLD_RANGE[0] <= x.scaled[1] <= BIAS_FOLD_RANGE[1]:
             continue
         base, c = x.scaled
-        k = repr(1 / c)
         if not y.varies_n and _finite_over(y.code, c):
-            return f"{base} {sign} {y.code} * {k}", c
+            return f"{base} {sign} {_divided(y.code, c, L)}", c
         if y.row_factor is not None and _finite_over(y.row_factor[0], c):
             f, b = y.row_factor
-            return f"{base} {sign} ({f} * {k}) * {b}", c
+            return f"{base} {sign} ({_divided(f, c, L)}) * {b}", c
     return None
+
+
+def _divided(code: str, c: float, L: Namespace = TL) -> str:
+    """``code / c`` as the fold prints it, times ``1/c``. Where ``c < 1`` a finite value known only
+    at run time can overflow there (a mask's ``(1 − m)·finfo.min`` over ``1/√d``: eager's
+    ``s/√d + b`` stays finite): it is clamped to ±FLT_MAX, ±inf and NaN kept as they are, so the
+    row stays finite as eager's does, leaves the multiply-add form's range and is computed again
+    (SATURATION_LOG2). A literal is never clamped: ``_finite_over`` refuses one that overflows."""
+    product = f"{code} * {1 / c!r}"
+    if c >= 1 or _is_literal(code):
+        return product
+    clamped = f"{L.minimum}({L.maximum}({product}, {-FLT_MAX!r}), {FLT_MAX!r})"
+    return f"{L.where}({L.abs}({code}) < float('inf'), {clamped}, {product})"
+
+
+def _is_literal(code: str) -> bool:
+    try:
+        _literal_value(code)
+    except ValueError:
+        return False
+    return True
 
 
 
@@ -1684,8 +1704,8 @@ SCALE_CARRIERS = {
                                    if node.kwargs.get("rounding_mode") is None else None),
     "same": lambda node, a, _, L: a[0].scaled,
     "masked": lambda node, a, _, L: _masked(node, a, L),
-    "plus": lambda node, a, past_adds, L: _plus(node, a, "+", past_adds),
-    "minus": lambda node, a, past_adds, L: _plus(node, a, "-", past_adds),
+    "plus": lambda node, a, past_adds, L: _plus(node, a, "+", past_adds, L),
+    "minus": lambda node, a, past_adds, L: _plus(node, a, "-", past_adds, L),
 }
 
 
