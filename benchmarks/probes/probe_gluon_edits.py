@@ -68,8 +68,9 @@ def hoist_key_linear(src: str) -> str:
     fn = _must(SCORE_FN.search(src), "_score")
     lines, ret = fn.group(4).splitlines(), fn.group(4).split("return ")[-1]
     final = _must(next((ln for ln in lines if ln.strip().startswith(ret + " =")), None), ret)
-    coef = _must(re.fullmatch(r"\s*\w+ = s \+ \((\w+ \* [\d.e+-]+)\) \* \w+", final), "s + (c) * (cn - rm)").group(1)
-    need = coef.split()[0]
+    # the coefficient: the slope over the scale, printed clamped where the scale is below 1 (emit._divided)
+    coef = _must(re.fullmatch(r"\s*\w+ = s \+ \((.+)\) \* \w+", final), "s + (c) * (cn - rm)").group(1)
+    need = _must(re.search(r"\bt\d+\b", coef), "the slope").group(0)
     pre = []  # the lines computing the coefficient (they read neither rm nor cn)
     for ln in lines:
         if re.match(r"\s*t\d+ = ", ln) and not re.search(r"\b(rm|cn)\b", ln):
