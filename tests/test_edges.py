@@ -288,11 +288,7 @@ def test_rows_every_key_masks_with_a_finite_fill_under_grouped_heads(share, devi
     q, k, v = torch.randn(1, 4, 5, 8, generator=g), torch.randn(1, 1, 16, 8, generator=g), torch.randn(1, 1, 16, 8, generator=g)
     keep = torch.rand(1, 1, 5, 1, generator=g) > 0.5   # whole rows kept or masked
     keep[..., 0, :] = False
-    args = tuple(a.to(device) for a in (q, k, v, keep))
-    optimized = fxflash.optimize(program)
-    out = optimized(*args)
-    assert_fused(optimized.report(*args))
-    assert_accurate(program, args, out)
+    _fused_and_accurate(program, (q, k, v, keep), device)
 
 
 def test_rows_every_key_masks_with_a_finite_fill_over_a_transposed_v(device):
@@ -306,11 +302,7 @@ def test_rows_every_key_masks_with_a_finite_fill_over_a_transposed_v(device):
     args = (torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 16, 8, generator=g),
             torch.randn(1, 2, 6, 16, generator=g), torch.rand(1, 1, 5, 1, generator=g) > 0.5)
     args[3][..., 0, :] = False
-    args = tuple(a.to(device) for a in args)
-    optimized = fxflash.optimize(program)
-    out = optimized(*args)
-    assert_fused(optimized.report(*args))
-    assert_accurate(program, args, out)
+    _fused_and_accurate(program, args, device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
@@ -325,11 +317,16 @@ def test_a_bias_near_the_dtypes_limit_folded_under_the_score_scale_stays_finite(
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 8, generator=g).to(dtype) for _ in range(3))
     for keep in (False, True):
-        args = tuple(a.to(device) for a in (q, k, v, torch.full((1, 1, 1, 1), keep)))
-        optimized = fxflash.optimize(program)
-        out = optimized(*args)
-        assert_fused(optimized.report(*args))
-        assert_accurate(program, args, out)
+        _fused_and_accurate(program, (q, k, v, torch.full((1, 1, 1, 1), keep)), device)
+
+
+def _fused_and_accurate(program, args, device):
+    """``program`` optimized on ``args`` (moved to ``device``) fuses and is right."""
+    args = tuple(a.to(device) for a in args)
+    optimized = fxflash.optimize(program)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(program, args, out)
 
 
 def test_meta_tensors_run_eagerly():

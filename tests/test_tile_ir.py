@@ -148,6 +148,7 @@ def test_removing_an_accumulation_from_the_program_removes_it_from_the_kernel():
     analysis = analyse(capture(variant.fn, variant.inputs(SHAPE)).graph_module)
     region = build_region(analysis, find_chains(analysis)[0])
     program = lower(region, analysis.kinds, PRINTERS)
+
     def kernel(program):  # the kernel's own function, without a repair kernel's after it
         return emit.emit_kernel(region, analysis.kinds, program=program).source.split("def fxflash_region_repair")[0]
 
