@@ -320,6 +320,20 @@ def test_a_bias_near_the_dtypes_limit_folded_under_the_score_scale_stays_finite(
         _fused_and_accurate(program, (q, k, v, torch.full((1, 1, 1, 1), keep)), device)
 
 
+def test_a_16_bit_row_whose_maximum_nears_the_exact_range_in_exp2_units_is_repaired(device):
+    """fp16 scores of ``(s + (1 − m)·finfo.min)·0.25`` reach a maximum of about -16376, -23626 in
+    exp2 units: past fp16's 2¹⁴, where eager's own rounding decides the row (every score the same),
+    so the row is computed again. The kernel compared the maximum in natural units, which it had
+    converted back to after the loop, and kept its own answer (a random program)."""
+    def program(q, k, v, m):
+        s = q @ k.transpose(-1, -2)
+        return torch.softmax((s + (1.0 - m.to(s.dtype)) * torch.finfo(s.dtype).min) * 0.5 * 0.5, -1) @ v
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 1, generator=g).to(torch.float16) for n in (1, 16, 16))
+    _fused_and_accurate(program, (q, k, v, torch.zeros(1, 1, 1, 1, dtype=torch.bool)), device)
+
+
 def _fused_and_accurate(program, args, device):
     """``program`` optimized on ``args`` (moved to ``device``) fuses and is right."""
     args = tuple(a.to(device) for a in args)

@@ -1410,7 +1410,9 @@ class _Printer:
         L = self.L
         bound = SATURATION_LOG2.get(self.r.q.math_dtype)  # 16-bit inputs: their maxima flagged
         kept = " & ~uniform" if self.uniform else ""  # those rows are exact (uniform_mask)
-        bad = [f"~({L.abs}({acc if log2 else f'{acc} * {LOG2E!r}'}) < {bound!r})"
+        # the running maximum is back in natural units here (``epilogue``): one kept in exp2 units
+        # is compared with the bound times ln 2, one held in natural units is scaled to exp2's
+        bad = [(f"~({L.abs}({acc}) < {bound * LN2!r})" if log2 else f"~({L.abs}({acc} * {LOG2E!r}) < {bound!r})")
                + (f" & {seen}" if guarded else "") + kept for acc, log2, guarded, seen in self.saturable]
         if self.checks_output:
             bad.append(f"({L.max}((~({L.abs}(out) < float('inf'))).to({L.int32}), 1, keep_dims=True) > 0)")
