@@ -1692,10 +1692,7 @@ def _finite_over(code: str, c: float) -> bool:
     """Is ``code / c`` finite in fp32 where ``code`` is a literal (a mask's ``finfo.min`` factor
     would overflow, and ``-inf · 0`` is NaN)? A value computed at run time may overflow too; the
     row it reaches then leaves the multiply-add form's range and is computed again (SATURATION_LOG2)."""
-    try:
-        return abs(_literal_value(code) / c) < FLT_MAX
-    except ValueError:
-        return True
+    return not _is_literal(code) or abs(_literal_value(code) / c) < FLT_MAX
 
 
 # How each kind of rules.POSITIVE_SCALE carries ``(base, c)`` through an op: f(node, args,
