@@ -53,6 +53,12 @@ class Config:
                      (unless deterministic algorithms are asked for), "0" never
                      (``FXFLASH_DQ_ATOMICS``). Where atomics are allowed ("auto" on a GPU, "1"),
                      a bias's gradient is added by them too, into a tensor of its own shape.
+    exact_delta:     a 16-bit region's fused backward takes each row's Δ = Σⱼ P·dP over the keys,
+                     in a pass of its own, so that every dS row sums to 0 as the softmax's does;
+                     ``FXFLASH_EXACT_DELTA=0`` takes FlashAttention's rowsum(dO ⊙ O) from the
+                     16-bit O instead (one pass fewer, but dQ and dK off by O's rounding, many
+                     times eager's error, on rows a few keys dominate). A score input's gradient
+                     (a bias, a temperature) always takes the exact Δ.
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.
@@ -147,6 +153,7 @@ class Config:
     fused_backward: bool = os.environ.get("FXFLASH_FUSED_BACKWARD", "1") != "0"
     forward_statistics: bool = os.environ.get("FXFLASH_FORWARD_STATISTICS", "1") != "0"
     dq_atomics: str = os.environ.get("FXFLASH_DQ_ATOMICS", "auto")
+    exact_delta: bool = os.environ.get("FXFLASH_EXACT_DELTA", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
     block_sparsity: bool = os.environ.get("FXFLASH_BLOCK_SPARSITY", "1") != "0"
     full_tiles: bool = os.environ.get("FXFLASH_FULL_TILES", "1") != "0"

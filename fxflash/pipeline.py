@@ -55,7 +55,8 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         report.steps = [step.text for step in region.steps] + [
             f"block sparsity: {why}" for why in plan.unclassified] + [*_own_ops_line(plan), gluon_line]
         report.backward = plan.backward_note
-        report.backward_programs = ((*plan.backward.programs, *plan.backward.grouped_programs)
+        report.backward_programs = ((*plan.backward.programs, *plan.backward.grouped_programs,
+                                     *filter(None, (plan.backward.exact_delta_program,)))
                                     if plan.backward is not None else ())
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)

@@ -53,7 +53,9 @@ class RegionReport:
     tile_program: when fused, the kernel as tile operations (fxflash.tile.TileProgram).
     backward:  when fused, how its backward runs: ``"fused"`` (generated kernels, from the tile
                programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward;
-               for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``) or
+               for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``; for a
+               softmax, Δ summed over the keys, ``…_exact_delta``, which replaces Δ's program where a
+               16-bit region's score input asks for its gradient) or
                ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 
@@ -106,11 +108,14 @@ class RegionReport:
         if self.tile_program is not None:
             lines.append(textwrap.indent(str(self.tile_program), "  "))
         if self.backward_programs:
-            own = [p.name for p in self.backward_programs if not p.group]
+            exact = [p.name for p in self.backward_programs if p.name.endswith("_exact_delta")]
+            own = [p.name for p in self.backward_programs if not p.group and p.name not in exact]
             grouped = [p.name for p in self.backward_programs if p.group]
             lines.append(f"  backward: fused, {len(own)} kernels from tile programs "
                          "(.backward_programs: " + ", ".join(own)
                          + "; on a GPU, dK·dV's kernel may add dQ by atomics instead: config.dq_atomics"
+                         + ("; in 16 bits, a score input's gradient takes Δ as Σ P·dP over the keys from "
+                            + exact[0] if exact else "")
                          + ("; K and V broadcast over query heads: dK and dV summed per K/V head in the kernel by "
                             + ", ".join(grouped) if grouped else "") + ")")
         elif self.backward:

@@ -5,6 +5,7 @@ import itertools
 import math
 import re
 import types
+import warnings
 
 import pytest
 import torch
@@ -57,6 +58,20 @@ def test_softmax_regions_get_a_gluon_kernel_printed_from_their_ops(name, printed
     assert f"on rows of at least {GLUON_MIN_KEYS} keys" in region.steps[-1]
     dense = name not in ("causal", "document_mask", "sdpa_key_lengths")  # no tile masks
     assert region.steps[-1].endswith("on a persistent grid on shorter rows") == dense
+
+
+@needs_gluon
+def test_a_score_divided_by_a_0_d_tensor_gets_a_gluon_kernel():
+    """A temperature held in a 0-d tensor is loaded as it is: a value with no rows or keys is not a
+    TMA tile (the printer once indexed its missing axes and failed)."""
+    def tempered(q, k, v, t):
+        return torch.softmax(q @ k.transpose(-1, -2) / t, -1) @ v
+
+    q, k, v = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (region,) = fxflash.explain(tempered, q, k, v, torch.tensor(0.7, dtype=torch.bfloat16)).regions
+    assert region.steps[-1].startswith("Gluon kernel (Hopper): printed"), region.steps[-1]
 
 
 @needs_gluon

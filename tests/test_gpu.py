@@ -95,6 +95,21 @@ def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
     assert_gradients_accurate(padded, fxflash.optimize(padded, inner="eager"), (q, k, v, keep), wrt=(0, 1, 2))
 
 
+@pytest.mark.parametrize("atomics", ["0", "1"])
+def test_16_bit_rows_a_few_keys_dominate_on_gpu(atomics, monkeypatch):
+    """bf16 rows a few keys dominate: dQ and dK, and a temperature's gradient, from Δ = Σ P·dP
+    (config.exact_delta) within eager's error, dQ by its own kernel or by atomics."""
+    from test_fused_backward import _peaked, _tempered, _unscaled
+
+    monkeypatch.setattr(fxflash.config, "dq_atomics", atomics)
+    for seed in (2, 3, 6):
+        args = tuple(a.cuda() for a in _peaked(seed))
+        assert_gradients_accurate(_unscaled, fxflash.optimize(_unscaled, inner="eager"), args, wrt=(0, 1, 2))
+    q, k, v = (a.cuda() for a in _peaked(1, n=300))
+    args = (q / 8, k, v, torch.tensor(0.7, dtype=torch.bfloat16, device="cuda"))
+    assert_gradients_accurate(_tempered, fxflash.optimize(_tempered, inner="eager"), args, wrt=(0, 1, 2, 3))
+
+
 def test_gradients_of_the_evoformer_s_gate_and_pair_bias_and_of_alibi_slopes_on_gpu():
     """bf16: the ops after P·V (transpose, gate) differentiated at the output the training forward
     kept, the gate's and the pair bias's gradients; learned ALiBi slopes through the bias the

@@ -40,12 +40,17 @@ def test_the_backward_programs_compute_autograds_gradients(name):
     torch.testing.assert_close(tensors[region.output.name].reshape(out.shape), out.detach())
     grad = torch.randn_like(out)
     tensors[f"d{region.output.name}"] = grad.reshape(tensors[region.output.name].shape)
-    programs, atomics = lower_backward(region, kinds, PRINTERS)
+    programs, atomics, exact_delta = lower_backward(region, kinds, PRINTERS)
     expected = torch.autograd.grad(out, [leaves[names.index(o.node.name)] for o in (region.q, region.k, region.v)],
                                    grad)
     # the deterministic programs (an elementwise P reads no statistics), then the key program
-    # that adds each key tile's share of dQ (here one tile: dQ from nothing)
-    for run in (programs, programs[:-2] + (atomics,)):
+    # that adds each key tile's share of dQ (here one tile: dQ from nothing), then Δ summed as
+    # P·dP over the keys in place of rowsum(dO ⊙ O)
+    runs = [programs, programs[:-2] + (atomics,)]
+    assert (exact_delta is None) == (name in ("sigmoid_attention", "relu_attention"))
+    if exact_delta is not None:
+        runs.append((exact_delta, *programs[1:]))
+    for run in runs:
         for gradient in (region.q, region.k, region.v):
             tensors.pop(f"d{gradient.node.name}", None)
         for program in run:
@@ -62,11 +67,12 @@ def test_explain_shows_each_region_s_backward_or_why_not():
     outside those forms."""
     variant = VARIANTS["causal"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
-    delta, dkdv, dq = region.backward_programs[1:]
+    delta, dkdv, dq, exact_delta = region.backward_programs[1:]
     assert (delta.loop, dkdv.per, dkdv.loop, dq.per, dq.loop) == ("", "key", "row", "row", "key")
+    assert (exact_delta.per, exact_delta.loop) == ("row", "key") and exact_delta.skips == dq.skips
     assert [op.unit for op in dkdv.skips] == ["row"] and [op.unit for op in dq.skips] == ["key"]
     assert [op.transposed for op in dkdv.body if isinstance(op, ir.Accumulate)] == [True, True]
-    assert "backward: fused, 4 kernels" in str(region)
+    assert "backward: fused, 4 kernels" in str(region) and exact_delta.name in str(region)
     variant = VARIANTS["sigmoid_attention"]
     (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(SHAPE)))
     assert [p.name.rsplit("_", 1)[-1] for p in region.backward_programs] == ["dkdv", "dq"]

@@ -1,6 +1,6 @@
 """The backward kernels of a fused region, printed from its backward tile programs.
 
-``emit_backward`` prints one Triton module of five kernels, each from one tile program of
+``emit_backward`` prints one Triton module of kernels, each from one tile program of
 ``tile/backward.py``: the row statistics ``m`` and ``1/l`` (``lower_statistics``, launched only
 after a forward that did not store them: KernelPlan.training does), Δ, dK and dV per key tile,
 and dQ per row tile. The printer walks each program's
@@ -14,7 +14,8 @@ the forward; O, dO, m, 1/l and Δ are contiguous ``[B·H, M, …]`` tensors the 
 are written to contiguous tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
 heads are summed by the backward of the user's own expand). These kernels use no atomics; a
 fifth (``BackwardPlan.atomics``) replaces the last two where atomics are allowed, adding each
-key tile's share of dQ to a zeroed fp32 ``dq_sum``. Each loop visits only the tiles that the
+key tile's share of dQ to a zeroed fp32 ``dq_sum``; a sixth (``BackwardPlan.exact_delta``) replaces
+Δ's where Δ is summed as P·dP over the key tiles (config.exact_delta). Each loop visits only the tiles that the
 region's -inf masks do not empty, by the masks' intervals, as the forward does (``tile_range``).
 
 Raises BackwardRefused where a program holds what the printer does not print, so the region's
@@ -57,7 +58,7 @@ _MAPS = {
 
 # The backward programs' own value names, printed as they are (``_Kernel.var``).
 _FIXED_NAMES = {"p", "e", "x_minus_m", "dp", "dp_minus_delta", "dx", "ds", "do_o", "delta", "dv_acc", "dk_acc",
-                "dq_acc", "dq_part", "dq_sum", "dq", "dk", "dv", "m", "l", "inv_l", "xs"}
+                "dq_acc", "dq_part", "dq_sum", "dq", "dk", "dv", "m", "l", "inv_l", "xs", "p_dp"}
 
 aten = torch.ops.aten
 _VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
@@ -231,10 +232,11 @@ class _Kernel:
                     "new_m = tl.maximum(m, tl.max(xs, 1)[:, None])",
                     f"mg = tl.maximum(new_m, {-FLT_MAX!r})", "alpha = tl.exp(m - mg)", "m = new_m"]
             self.values["m"] = ("mg", None)
-        elif op.combine == "sum":   # rescaled as the running maximum grows, or a plain sum (retention's)
-            rescale = "l * alpha" if op.rescaled_by == "m" else "l"
-            out.append(f"l = {rescale} + tl.sum(tl.where(valid, {self.ref(op.source)}, 0.0), 1)[:, None]")
-            self.values["l"] = ("l", None)
+        elif op.combine == "sum":   # rescaled as the running maximum grows, or a plain sum (retention's, Δ's)
+            acc = self.var(op.name)
+            rescale = f"{acc} * alpha" if op.rescaled_by == "m" else acc
+            out.append(f"{acc} = {rescale} + tl.sum(tl.where(valid, {self.ref(op.source)}, 0.0), 1)[:, None]")
+            self.values[op.name] = (acc, None)
         else:
             raise BackwardRefused(f"{self.program.name}: the row reduction {op}")
 
@@ -393,7 +395,8 @@ class _Kernel:
             head += ["offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)", f"{COL} = offs_n[None, :]",
                      f"col_ok = {COL} < N"]
         pre: list = []
-        statistics = any(isinstance(op, ir.RowReduce) for op in prog.body)
+        # the statistics program: the one that stores m
+        statistics = any(op.tile == "row values" and op.tensor == "m" for op in prog.stores)
         if statistics:
             # with REPAIRED_ONLY, only the row tiles holding a row the forward's repair kernel
             # marked (m = +inf: emit's statistics) compute theirs; the others keep the forward's
@@ -402,9 +405,11 @@ class _Kernel:
                      "    if tl.max((marked == float('inf')).to(tl.int32)) == 0:",
                      "        return"]
             self.own_param("m")
-            pre += ["m = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)", "l = tl.zeros([BLOCK_M, 1], tl.float32)"]
         for op in prog.body:
-            if isinstance(op, ir.Accumulate):
+            if isinstance(op, ir.RowReduce):
+                pre.append(f"{self.var(op.name)} = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)"
+                           if op.combine == "max" else f"{self.var(op.name)} = tl.zeros([BLOCK_M, 1], tl.float32)")
+            elif isinstance(op, ir.Accumulate):
                 rows = "BLOCK_N" if op.transposed else "BLOCK_M"
                 cols = "DVP" if op.v in ("do", "o") else "DP"
                 pre.append(f"{self.var(op.acc)} = tl.zeros([{rows}, {cols}], tl.float32)")
@@ -475,7 +480,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
         raise BackwardRefused("Q and K widened to fp32 before the contraction")
     # the statistics program first, for a softmax (runtime/backward.py skips it after a training forward)
     statistics = () if elementwise_form(r) is not None else (lower_statistics(r, kinds, printable, name),)
-    deterministic, atomics = lower_backward(r, kinds, printable, name)
+    deterministic, atomics, exact_delta = lower_backward(r, kinds, printable, name)
     programs = (*statistics, *deterministic)
     axis = group_axis(r)
     # grouped-query attention: the key programs again, one per key tile of a K/V head
@@ -484,7 +489,8 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     options = plan.options
     kernels, lines, bound, slot_values, helpers = [], [], (0, 0), [], set()
     out_dtype = attention_output(r).meta["val"].dtype
-    for program in (*programs, atomics, *grouped):
+    exact = () if exact_delta is None else (exact_delta,)
+    for program in (*programs, atomics, *grouped, *exact):
         printer = _Kernel(r, kinds, options, program)
         kernel = printer.print(out_dtype)
         vp = printer.vp
@@ -513,11 +519,13 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     # the key-side operand of the scores is Kᵀ: its ``transposed`` means its tensor holds K [*, N, D]
     q, k, v = where(r.q, r.q.transposed), where(r.k, not r.k.transposed), where(r.v, r.v.transposed)
     inputs = tuple(dict.fromkeys((q[0], k[0], v[0])))
+    exact_kernel = kernels.pop() if exact else None
     kernels, (atomic_kernel, *grouped_kernels) = kernels[:len(programs)], kernels[len(programs):]
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
                         ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values), atomics=atomic_kernel,
-                        grouped=tuple(grouped_kernels), grouped_programs=grouped, group_axis=axis)
+                        grouped=tuple(grouped_kernels), grouped_programs=grouped, group_axis=axis,
+                        exact_delta=exact_kernel, exact_delta_program=exact_delta)
 
 
 def group_axis(r) -> int | None:

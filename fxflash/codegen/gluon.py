@@ -405,9 +405,11 @@ class _GluonPrinter(_Printer):
         aligned)."""
         val = node.meta["val"]
         batch = self.batch_idx
+        if len(idx) < 2:   # a 0-d tensor (a temperature) or a vector: loaded as it is
+            return False
         rows = idx[-2:] == (ROW, COL) and _batch_axes(idx[:-2], batch)
         vector = self.options.gluon_tma_key_vectors and idx[-1] == COL and _batch_axes(idx[:-1], batch)
-        return (self.options.gluon_tma_tiles and self.r.split is None and not self.in_epilogue and len(idx) >= 2
+        return (self.options.gluon_tma_tiles and self.r.split is None and not self.in_epilogue
                 and (rows or vector) and val.element_size() == 2 and val.stride(-1) == 1 and val.stride(-2) > 0)
 
     def is_tma_gate(self, node: fx.Node, idx: tuple) -> bool:

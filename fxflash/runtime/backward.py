@@ -162,6 +162,12 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
            "dq": torch.empty(batch, m, plan.d, **like["dq"]), "dk": torch.empty(heads, n, plan.d, **like["dk"]),
            "dv": torch.empty(heads, n, plan.dv, **like["dv"])}
     kernels, atomics = plan.kernels, plan.atomics
+    if (plan.exact_delta is not None and out.dtype in (torch.float16, torch.bfloat16)
+            and (input_grads or config.exact_delta)):
+        # Δ as Σ P·dP over the keys (config.exact_delta): rowsum(dO ⊙ O) from the 16-bit O would
+        # leave each dS row's sum off by O's rounding, weighted into dQ by the row's mean key and into
+        # a temperature's gradient by its mean score
+        kernels = (*kernels[:-3], plan.exact_delta, *kernels[-2:])
     if group:   # dK·dV's kernel and the atomic one per key tile of a K/V head
         kernels, atomics = (*kernels[:-2], plan.grouped[0], kernels[-1]), plan.grouped[1]
     repaired = False

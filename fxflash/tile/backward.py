@@ -13,7 +13,10 @@ ops between the contraction and the softmax) and each row's statistics, its maxi
     dQ = dS·K,  dK = dSᵀ·Q           times the operands' constant scales
 
 as three programs (no atomics: deterministic): Δ per row tile; dK and dV per key tile, looping
-over the row tiles; dQ per row tile, looping over the key tiles. A fourth program replaces the
+over the row tiles; dQ per row tile, looping over the key tiles. Δ equals ``Σⱼ P·dP``; from the
+16-bit O it is off by O's rounding, and the dS rows no longer sum to 0, which a peaked row weighs
+into dQ and dK, and a temperature's gradient by the row's mean score, at many times eager's error.
+A program of its own sums ``P·dP`` over the key tiles instead (``exact_delta``, config.exact_delta). A fourth program replaces the
 last two where atomics are allowed (FlashAttention-2's split): per key tile, dK, dV and the
 tile's share of dQ, ``dS·K``, added to dQ in memory, so that P and dP are computed once. The score
 chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
@@ -400,7 +403,9 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring); for an
     elementwise P (``elementwise_form``), (dK and dV, dQ): P recomputed through the chain, whose
     derivative takes ``dP`` itself. Returned with the program that replaces the last two where
-    atomics are allowed: dK, dV and each key tile's share of dQ, added atomically."""
+    atomics are allowed: dK, dV and each key tile's share of dQ, added atomically; and with the
+    program that replaces Δ's where a gradient summed over a row is asked for (None for an
+    elementwise P)."""
     r = region
     p_node = elementwise_form(r)
     norm = abs_sum_form(r) if p_node is None else None
@@ -463,6 +468,18 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
             per="key", loop="row")
 
+    # Δ exactly as the kernels' own P and dP give it, Σⱼ P·dP over the key loop: each dS row then
+    # sums to 0 as the softmax's does. Δ from a 16-bit O differs by O's rounding, weighted into a
+    # gradient summed over a row (a temperature's, a bias broadcast along the keys) by the row's
+    # mean score; the launch runs this program where a score input's gradient is asked for
+    pq = _Lowering(r, kinds, printable)
+    exact_delta = None if p_node is not None else TileProgram(
+        f"{name}_bwd_exact_delta", frame,
+        (pq._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values[:2]),
+        tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
+        (pq._operand("k", r.k, "keys", r.D, key_side=True), *recompute(pq), pq._operand("v", r.v, "keys", r.Dv),
+         Dot("dp", "do", "v"), Map("p_dp", "mul", ("p", "dp")), RowReduce("delta", "sum", "p_dp")),
+        (), (Store("delta", "delta", "row values"),), per="row", loop="key")
     dkdv = key_program("dkdv", False)
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(
@@ -473,4 +490,4 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
          Dot("dp", "do", "v"), *gradient_of_x(), *derivative, *input_grads, Accumulate("dq_acc", "ds", "k")),
         tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
     programs = (dkdv, dq) if p_node is not None else (delta, dkdv, dq)
-    return programs, key_program("dkdvdq", True)
+    return programs, key_program("dkdvdq", True), exact_delta
