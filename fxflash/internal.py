@@ -14,7 +14,7 @@ import torch
 
 RULE = "internal error"
 STAGES = ("capture", "analysis", "fusion rules", "code generation", "kernel compilation", "rewrite", "tuning",
-          "launch")
+          "launch", "backward")
 # Errors that are the machine's, not fxflash's: they reach the user as they are.
 PASSED_THROUGH = (torch.OutOfMemoryError,)
 

@@ -369,6 +369,7 @@ INJECTIONS = [
     ("rewrite", "fxflash.runtime.replace_region"),
     ("tuning", "fxflash.runtime.launch.tile_for"),
     ("launch", "fxflash.runtime.launch.Launcher.__call__"),
+    ("backward", "fxflash.runtime.backward._fused_gradients"),
 ]
 
 
@@ -387,12 +388,24 @@ def test_an_internal_error_is_a_refusal_not_a_crash(stage, target, monkeypatch, 
         return torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
     args = tuple(t.to(device) for t in _qkv(torch.float32))
     monkeypatch.setattr(target, _fail)
+    backward = stage == "backward"   # the gradients of a fused forward, recomputed eagerly
+    leaves = [t.clone().requires_grad_(backward) for t in args]
     with pytest.warns(RuntimeWarning, match=f"internal error in {stage}: ZeroDivisionError: injected") as record:
-        out = fxflash.optimize(attention)(*args)
+        fast = fxflash.optimize(attention)
+        for _ in range(2 if backward else 1):   # warned once: the second call's backward is eager's at once
+            out = fast(*leaves)
+            if backward:
+                out.sum().backward()
     assert len([w for w in record if "internal error" in str(w.message)]) == 1
     assert "please report" in str(record[0].message)
     torch.testing.assert_close(out, attention(*args))
-    if stage in ("tuning", "launch"):
+    if backward:
+        eager = [t.clone().requires_grad_() for t in args]
+        attention(*eager).sum().backward()
+        for got, want in zip(leaves, eager):
+            torch.testing.assert_close(got.grad / 2, want.grad)   # two backward calls accumulated
+        assert [r.backward for r in fxflash.explain(attention, *args).regions] == ["fused"]
+    if stage in ("tuning", "launch", "backward"):
         return  # they run at the first call; explain() runs no kernel
     with pytest.warns(RuntimeWarning, match="internal error"):
         report = fxflash.explain(attention, *args)

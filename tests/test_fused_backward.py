@@ -96,7 +96,8 @@ def test_a_tensor_the_scores_read_gets_its_gradient_from_the_fused_backward(fn, 
 
 
 @pytest.mark.parametrize("name,extra", [("causal", None), ("sigmoid_attention", None), ("head_bias", (SHAPE.H, SHAPE.M, SHAPE.N)),
-                                        ("key_bias", (SHAPE.B, 1, 1, SHAPE.N))])   # summed over each tile's rows too
+                                        ("key_bias", (SHAPE.B, 1, 1, SHAPE.N)),   # summed over each tile's rows too
+                                        ("temperature", (SHAPE.H, 1, 1))])       # … and its keys: one value per head
 def test_dq_added_by_atomics_from_the_key_kernel(name, extra, monkeypatch):
     """``dq_atomics="1"``: dK·dV's kernel adds each key tile's dS·K to dQ (and a bias's gradient
     tiles into the bias's own gradient, summed over the batch it broadcasts along), no dQ kernel
@@ -110,7 +111,9 @@ def test_dq_added_by_atomics_from_the_key_kernel(name, extra, monkeypatch):
     monkeypatch.setattr(backward, "_added_gradients", lambda *a: added.append(adding(*a)) or added[-1])
     monkeypatch.setattr(fxflash.config, "dq_atomics", "1")
     fn, args = (VARIANTS[name].fn, VARIANTS[name].inputs(SHAPE)) if extra is None else (
-        _biased, (*VARIANTS["vanilla"].inputs(SHAPE), torch.randn(extra, generator=torch.Generator().manual_seed(0))))
+        _tempered if name == "temperature" else _biased,
+        (*VARIANTS["vanilla"].inputs(SHAPE), torch.rand(extra, generator=torch.Generator().manual_seed(0)) + 0.5
+         if name == "temperature" else torch.randn(extra, generator=torch.Generator().manual_seed(0))))
     assert _fused_backward_of(fn, *args) == ["fused"]
     assert_gradients_accurate(fn, fxflash.optimize(fn), args, wrt=tuple(range(len(args))))
     assert "dkdvdq" in launched and "dq" not in launched and "dkdv" not in launched

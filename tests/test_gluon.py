@@ -5,7 +5,6 @@ import itertools
 import math
 import re
 import types
-import warnings
 
 import pytest
 import torch
@@ -68,9 +67,7 @@ def test_a_score_divided_by_a_0_d_tensor_gets_a_gluon_kernel():
         return torch.softmax(q @ k.transpose(-1, -2) / t, -1) @ v
 
     q, k, v = VARIANTS["vanilla"].inputs(SHAPE, torch.bfloat16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        (region,) = fxflash.explain(tempered, q, k, v, torch.tensor(0.7, dtype=torch.bfloat16)).regions
+    (region,) = fxflash.explain(tempered, q, k, v, torch.tensor(0.7, dtype=torch.bfloat16)).regions
     assert region.steps[-1].startswith("Gluon kernel (Hopper): printed"), region.steps[-1]
 
 

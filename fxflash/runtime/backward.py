@@ -25,6 +25,7 @@ import triton
 from ..codegen.backward_plan import backward_tiles
 from ..codegen.plan import INT32_LIMIT, INTERPRETER_TILE, pow2
 from ..config import config, interpreting
+from ..internal import InternalError, stage, warn
 from .cache import load_kernel
 from . import tuning
 from .launch import (TENSOR_KINDS, Launcher, LaunchValues, _device_label, _filled, _kernel_args, _launching,
@@ -135,11 +136,25 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
     and the kernels read O and dO there), or empty. Sizes the kernels cannot index, and a region
     whose kernel failed in the forward, recompute the region's own ops with eager autograd.
     ``inputs``: the tensors the kernel reads; ``bases``: the op's (RegisteredRegion.views). Returned
-    with the inputs whose gradients are their bases' already (the grouped key programs' K and V)."""
-    plan = entry.plan.backward
+    with the inputs whose gradients are their bases' already (the grouped key programs' K and V).
+    An exception in the fused backward is a bug in fxflash: warned once, and the region's backward
+    recomputes eagerly from then on."""
     frame = [int(s) for s in frame]
-    if not _kernels_fit(plan, frame) or entry.failed is not None:
-        return _eager_gradients(entry, inputs, grad, extras, input_grads), set()
+    if _kernels_fit(entry.plan.backward, frame) and entry.failed is None and entry.backward_failed is None:
+        try:
+            with stage("backward"):
+                return _fused_gradients(entry, inputs, bases, out, grad, frame, extras, symints, input_grads,
+                                        statistics)
+        except InternalError as exc:
+            entry.backward_failed = exc
+            warn(exc, "this region's backward recomputes its own ops with eager autograd from now on")
+    return _eager_gradients(entry, inputs, grad, extras, input_grads), set()
+
+
+def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.Tensor, frame: list,
+                     extras: list, symints, input_grads: bool, statistics) -> tuple[list, set]:
+    """``_gradients`` from the generated kernels."""
+    plan = entry.plan.backward
     named = dict(zip(entry.plan.training.training_outputs, statistics)) if statistics else {}
     after_pv = []
     if plan.ops_after_pv:   # dO and the epilogue inputs' gradients at O, from the ops' own backward

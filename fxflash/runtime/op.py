@@ -69,6 +69,8 @@ class RegisteredRegion:
     compiled: dict = dataclasses.field(init=False, default_factory=dict)  # layout → the ops compiled by Inductor
     launcher: Launcher = dataclasses.field(init=False)
     failed: InternalError | None = dataclasses.field(init=False, default=None)  # then it runs eagerly
+    # then its backward recomputes the region's own ops with eager autograd (runtime/backward.py)
+    backward_failed: InternalError | None = dataclasses.field(init=False, default=None)
     # the backward's launches per layout (runtime/backward._layout_key → its _Bound steps)
     bound_backward: dict = dataclasses.field(init=False, default_factory=dict)
 
