@@ -206,6 +206,21 @@ def _peaked(seed, d=64, n=16):
     return q, k, torch.randn(1, 2, n, d, generator=g).bfloat16()
 
 
+def test_rows_one_key_takes_whole_keep_eager_s_zero_gradient():
+    """bf16 scores times 10⁴ (found by the random programs): each row's P is one key's, and the
+    gradients of Q and K are 0. The recomputed P is that key's times exp of the ulp by which the
+    recomputed score and the forward's maximum round apart (scores near 2·10⁴): Δ = Σ P·dP / Σ P
+    cancels that scale, where Σ P·dP alone left dS = P·(1 − P)·dP, 29 in dQ."""
+    from test_random_programs import make_program
+
+    program, args = make_program({
+        "B": 1, "Hkv": 1, "group": 2, "M": 5, "N": 5, "D": 1, "Dv": 1, "layout": "bhsd", "gqa": "repeat_interleave",
+        "strided_q": False, "writes_k": False, "dtype": torch.bfloat16, "ops": [("scale", 10000.0)],
+        "norm": "softmax", "epilogue": None, "seed": 0})
+    assert _fused_backward_of(program, *args) == ["fused"]
+    assert_gradients_accurate(program, fxflash.optimize(program), args, wrt=(0, 1, 2))
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_16_bit_rows_a_few_keys_dominate_take_delta_from_p_and_dp(exact, monkeypatch):
     """Δ = rowsum(dO ⊙ O) from the bf16 O is off by O's rounding, which such rows weigh into dQ and

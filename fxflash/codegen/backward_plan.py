@@ -64,8 +64,8 @@ class BackwardPlan:
     grouped: tuple = ()      # dK·dV's kernel and ``atomics`` per key tile of a K/V head (group_axis)
     grouped_programs: tuple = ()  # their tile programs
     group_axis: int | None = None  # the batch axis of K and V that broadcasts over query heads
-    exact_delta: BackwardKernel | None = None  # replaces Δ's kernel where a score input's gradient is
-                                               # asked for of a 16-bit region: Σ P·dP over the keys
+    exact_delta: BackwardKernel | None = None  # replaces Δ's kernel in 16 bits (config.exact_delta):
+                                               # Σ P·dP / Σ P over the keys
     exact_delta_program: object = None          # its tile program
 
 

@@ -16,7 +16,8 @@ as three programs (no atomics: deterministic): Δ per row tile; dK and dV per ke
 over the row tiles; dQ per row tile, looping over the key tiles. Δ equals ``Σⱼ P·dP``; from the
 16-bit O it is off by O's rounding, and the dS rows no longer sum to 0, which a peaked row weighs
 into dQ and dK, and a temperature's gradient by the row's mean score, at many times eager's error.
-A program of its own sums ``P·dP`` over the key tiles instead (``exact_delta``, config.exact_delta). A fourth program replaces the
+For a softmax, a program of its own sums ``P·dP`` and ``P`` over the key tiles instead and takes
+their ratio (``exact_delta``, config.exact_delta): each dS row then sums to 0. A fourth program replaces the
 last two where atomics are allowed (FlashAttention-2's split): per key tile, dK, dV and the
 tile's share of dQ, ``dS·K``, added to dQ in memory, so that P and dP are computed once. The score
 chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
@@ -468,18 +469,23 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
             per="key", loop="row")
 
-    # Δ exactly as the kernels' own P and dP give it, Σⱼ P·dP over the key loop: each dS row then
-    # sums to 0 as the softmax's does. Δ from a 16-bit O differs by O's rounding, weighted into a
-    # gradient summed over a row (a temperature's, a bias broadcast along the keys) by the row's
-    # mean score; the launch runs this program where a score input's gradient is asked for
+    # Δ as the kernels' own P and dP give it, Σⱼ P·dP / Σⱼ P over the key loop, for a softmax
+    # whose P sums to 1: each dS row then sums to 0, as the softmax's does, whatever scale the
+    # recomputed P has (the forward's maximum and the recomputed scores round apart by an ulp of a
+    # large score: exp of it scales P). Δ from a 16-bit O is off by O's rounding, weighted into dQ
+    # by a peaked row's keys and into a temperature's gradient by the row's mean score
     pq = _Lowering(r, kinds, printable)
-    exact_delta = None if p_node is not None else TileProgram(
+    exact_delta = None if p_node is not None or norm is not None or softmax_form(r)[1] is not _sum(r) else TileProgram(
         f"{name}_bwd_exact_delta", frame,
         (pq._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values[:2]),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
         (pq._operand("k", r.k, "keys", r.D, key_side=True), *recompute(pq), pq._operand("v", r.v, "keys", r.Dv),
-         Dot("dp", "do", "v"), Map("p_dp", "mul", ("p", "dp")), RowReduce("delta", "sum", "p_dp")),
-        (), (Store("delta", "delta", "row values"),), per="row", loop="key")
+         Dot("dp", "do", "v"), Map("p_dp", "mul", ("p", "dp")), RowReduce("pdp_sum", "sum", "p_dp"),
+         RowReduce("p_sum", "sum", "p")),
+        # a row P empties (its keys all masked, a row past M) sums 0 · P: Δ = 0 / 1
+        (Map("p_some", "ne", ("p_sum", 0.0)), Map("p_norm", "where", ("p_some", "p_sum", 1.0)),
+         Map("delta", "div", ("pdp_sum", "p_norm"))),
+        (Store("delta", "delta", "row values"),), per="row", loop="key")
     dkdv = key_program("dkdv", False)
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(
