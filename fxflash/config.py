@@ -53,9 +53,9 @@ class Config:
                      (unless deterministic algorithms are asked for), "0" never
                      (``FXFLASH_DQ_ATOMICS``). Where atomics are allowed ("auto" on a GPU, "1"),
                      a bias's gradient is added by them too, into a tensor of its own shape.
-    exact_delta:     a 16-bit softmax's fused backward takes each row's Δ = Σⱼ P·dP / Σⱼ P over
-                     the keys, in a pass of its own, so that every dS row sums to 0 as the
-                     softmax's does;
+    exact_delta:     a 16-bit region's fused backward takes each row's Δ = Σⱼ P·dP over the
+                     keys, in a pass of its own (a softmax's divided by Σⱼ P), so that every dS
+                     row sums to 0 as the softmax's does;
                      ``FXFLASH_EXACT_DELTA=0`` takes FlashAttention's rowsum(dO ⊙ O) from the
                      16-bit O instead (one pass fewer, but dQ and dK off by O's rounding, many
                      times eager's error, on rows a few keys dominate). A score input's gradient

@@ -114,7 +114,7 @@ class RegionReport:
             lines.append(f"  backward: fused, {len(own)} kernels from tile programs "
                          "(.backward_programs: " + ", ".join(own)
                          + "; on a GPU, dK·dV's kernel may add dQ by atomics instead: config.dq_atomics"
-                         + ("; in 16 bits Δ is Σ P·dP / Σ P over the keys, from "
+                         + ("; in 16 bits Δ is Σ P·dP over the keys, from "
                             + exact[0] if exact else "")
                          + ("; K and V broadcast over query heads: dK and dV summed per K/V head in the kernel by "
                             + ", ".join(grouped) if grouped else "") + ")")

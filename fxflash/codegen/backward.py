@@ -50,6 +50,7 @@ _MAPS = {
     "alias": "{0}", "neg": "(-{0})", "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
     "div": "({0} / {1})", "exp": "tl.exp({0})", "log": "tl.log({0})", "abs": "tl.abs({0})",
     "sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))", "ge": "({0} >= {1})", "ne": "({0} != {1})",
+    "rsub": "({1} - {0})",
     "where": "tl.where({0}, {1}, {2})",
     "tanh_backward": "({0} * (1.0 - {1} * {1}))",       # ATen's: d tanh = g·(1 − y²)
     "sigmoid_backward": "({0} * {1} * (1.0 - {1}))",   # d sigmoid = g·y·(1 − y)
@@ -59,7 +60,8 @@ _MAPS = {
 # The backward programs' own value names, printed as they are (``_Kernel.var``).
 _FIXED_NAMES = {"p", "e", "x_minus_m", "dp", "dp_minus_delta", "dx", "ds", "do_o", "delta", "dv_acc", "dk_acc",
                 "dq_acc", "dq_part", "dq_sum", "dq", "dk", "dv", "m", "l", "inv_l", "xs", "p_dp", "pdp_sum", "p_sum",
-                "p_some", "p_norm"}
+                "p_some", "p_norm",
+                "p_ratio", "neg_m", "e_neg_m", "r_share", "p_total", "p_scaled"}
 
 aten = torch.ops.aten
 _VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,

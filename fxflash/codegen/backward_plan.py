@@ -65,7 +65,7 @@ class BackwardPlan:
     grouped_programs: tuple = ()  # their tile programs
     group_axis: int | None = None  # the batch axis of K and V that broadcasts over query heads
     exact_delta: BackwardKernel | None = None  # replaces Δ's kernel in 16 bits (config.exact_delta):
-                                               # Σ P·dP / Σ P over the keys
+                                               # Σ P·dP over the keys (tile.backward._exact_delta)
     exact_delta_program: object = None          # its tile program
 
 

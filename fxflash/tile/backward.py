@@ -16,8 +16,8 @@ as three programs (no atomics: deterministic): Δ per row tile; dK and dV per ke
 over the row tiles; dQ per row tile, looping over the key tiles. Δ equals ``Σⱼ P·dP``; from the
 16-bit O it is off by O's rounding, and the dS rows no longer sum to 0, which a peaked row weighs
 into dQ and dK, and a temperature's gradient by the row's mean score, at many times eager's error.
-For a softmax, a program of its own sums ``P·dP`` and ``P`` over the key tiles instead and takes
-their ratio (``exact_delta``, config.exact_delta): each dS row then sums to 0. A fourth program replaces the
+A program of its own sums ``P·dP`` over the key tiles instead, a softmax's divided by ``Σ P``
+(``_exact_delta``, config.exact_delta): each dS row then sums to 0. A fourth program replaces the
 last two where atomics are allowed (FlashAttention-2's split): per key tile, dK, dV and the
 tile's share of dQ, ``dS·K``, added to dQ in memory, so that P and dP are computed once. The score
 chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
@@ -400,6 +400,26 @@ def _ancestors(node: fx.Node, within) -> set:
     return seen
 
 
+def _exact_delta(r: Region, norm) -> tuple:
+    """The ops after the exact Δ program's loop, from its sums ``pdp_sum`` = Σ P·dP and ``p_sum`` =
+    Σ P of the recomputed P. A softmax's P is ``exp(x − m)/l`` recomputed with the forward's ``m``:
+    where the recomputed scores and that maximum round apart by an ulp of a large score, exp of it
+    scales the row's P, which ``Σ P·dP`` alone would carry into dS = P·(dP − Δ), a difference of
+    nearly equal terms on a row one key takes. Dividing by ``Σ P`` and multiplying by the sum the
+    row's P has in exact arithmetic (1; the quiet softmax's ``1 − exp(−c)/d``, ``c`` and ``1/d`` the
+    row's ``m`` and ``1/l``) cancels that scale. Retention's ``x / n`` has no exponent: Σ P·dP."""
+    if norm is not None:
+        return (Map("delta", "alias", ("pdp_sum",)),)
+    # a row P empties (its keys all masked, a row past M) takes Δ = 0
+    ops = [Map("p_some", "ne", ("p_sum", 0.0)), Map("p_norm", "where", ("p_some", "p_sum", 1.0)),
+           Map("p_ratio", "div", ("pdp_sum", "p_norm"))]
+    if softmax_form(r)[1] is _sum(r):
+        return (*ops, Map("delta", "alias", ("p_ratio",)))
+    return (*ops, Map("neg_m", "neg", ("m",)), Map("e_neg_m", "exp", ("neg_m",)),
+            Map("r_share", "mul", ("e_neg_m", "inv_l")), Map("p_total", "rsub", ("r_share", 1.0)),
+            Map("p_scaled", "mul", ("p_ratio", "p_total")), Map("delta", "where", ("p_some", "p_scaled", 0.0)))
+
+
 def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_region") -> tuple:
     """The backward of ``region`` as (Δ, dK and dV, dQ) tile programs (module docstring); for an
     elementwise P (``elementwise_form``), (dK and dV, dQ): P recomputed through the chain, whose
@@ -469,23 +489,15 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
             per="key", loop="row")
 
-    # Δ as the kernels' own P and dP give it, Σⱼ P·dP / Σⱼ P over the key loop, for a softmax
-    # whose P sums to 1: each dS row then sums to 0, as the softmax's does, whatever scale the
-    # recomputed P has (the forward's maximum and the recomputed scores round apart by an ulp of a
-    # large score: exp of it scales P). Δ from a 16-bit O is off by O's rounding, weighted into dQ
-    # by a peaked row's keys and into a temperature's gradient by the row's mean score
     pq = _Lowering(r, kinds, printable)
-    exact_delta = None if p_node is not None or norm is not None or softmax_form(r)[1] is not _sum(r) else TileProgram(
+    exact_delta = None if p_node is not None else TileProgram(
         f"{name}_bwd_exact_delta", frame,
         (pq._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values[:2]),
         tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
         (pq._operand("k", r.k, "keys", r.D, key_side=True), *recompute(pq), pq._operand("v", r.v, "keys", r.Dv),
          Dot("dp", "do", "v"), Map("p_dp", "mul", ("p", "dp")), RowReduce("pdp_sum", "sum", "p_dp"),
-         RowReduce("p_sum", "sum", "p")),
-        # a row P empties (its keys all masked, a row past M) sums 0 · P: Δ = 0 / 1
-        (Map("p_some", "ne", ("p_sum", 0.0)), Map("p_norm", "where", ("p_some", "p_sum", 1.0)),
-         Map("delta", "div", ("pdp_sum", "p_norm"))),
-        (Store("delta", "delta", "row values"),), per="row", loop="key")
+         *(() if norm is not None else (RowReduce("p_sum", "sum", "p"),))),
+        _exact_delta(r, norm), (Store("delta", "delta", "row values"),), per="row", loop="key")
     dkdv = key_program("dkdv", False)
     qs = _Lowering(r, kinds, printable)
     dq = TileProgram(
