@@ -53,9 +53,9 @@ class RegionReport:
     tile_program: when fused, the kernel as tile operations (fxflash.tile.TileProgram).
     backward:  when fused, how its backward runs: ``"fused"`` (generated kernels, from the tile
                programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward;
-               for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``; for a
-               softmax, Δ summed over the keys, ``…_exact_delta``, which replaces Δ's program in 16
-               bits: config.exact_delta) or
+               for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``; and Δ
+               summed over the keys, ``…_exact_delta``, which replaces Δ's program in 16 bits:
+               config.exact_delta) or
                ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 

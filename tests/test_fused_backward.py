@@ -237,10 +237,9 @@ def test_16_bit_gradients_the_random_programs_found_wrong(found):
 def test_16_bit_rows_a_few_keys_dominate_take_delta_from_p_and_dp(exact, monkeypatch):
     """Δ = rowsum(dO ⊙ O) from the bf16 O is off by O's rounding, which such rows weigh into dQ and
     dK (0.09 against eager's 7·10⁻⁶ here) and into a temperature's gradient by its rows' mean
-    scores; summed as
-    Σ P·dP over the keys (config.exact_delta), every dS row sums to 0 and they are within eager's
-    error. With the setting off, Q, K and V take FlashAttention's Δ; a score input's gradient keeps
-    the exact one."""
+    scores; summed as Σ P·dP over the keys (config.exact_delta), every dS row sums to 0 and they
+    are within eager's error. With the setting off, Q, K and V take FlashAttention's Δ; a score
+    input's gradient keeps the exact one."""
     import fxflash.runtime.backward as backward
 
     launched = []

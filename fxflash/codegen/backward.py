@@ -60,8 +60,7 @@ _MAPS = {
 # The backward programs' own value names, printed as they are (``_Kernel.var``).
 _FIXED_NAMES = {"p", "e", "x_minus_m", "dp", "dp_minus_delta", "dx", "ds", "do_o", "delta", "dv_acc", "dk_acc",
                 "dq_acc", "dq_part", "dq_sum", "dq", "dk", "dv", "m", "l", "inv_l", "xs", "p_dp", "pdp_sum", "p_sum",
-                "p_some", "p_norm",
-                "p_ratio", "neg_m", "e_neg_m", "r_share", "p_total", "p_scaled"}
+                "p_some", "p_norm", "p_ratio", "neg_m", "e_neg_m", "r_share", "p_total", "p_scaled"}
 
 aten = torch.ops.aten
 _VIEWS = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,

@@ -425,8 +425,8 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     elementwise P (``elementwise_form``), (dK and dV, dQ): P recomputed through the chain, whose
     derivative takes ``dP`` itself. Returned with the program that replaces the last two where
     atomics are allowed: dK, dV and each key tile's share of dQ, added atomically; and with the
-    program that replaces Δ's where a gradient summed over a row is asked for (None for an
-    elementwise P)."""
+    program that replaces Δ's in 16 bits, Δ summed over the key tiles (``_exact_delta``; None for an
+    elementwise P, which has no Δ)."""
     r = region
     p_node = elementwise_form(r)
     norm = abs_sum_form(r) if p_node is None else None
