@@ -296,11 +296,12 @@ class _Kernel:
         # the tile's sum along them
         value, used = f"tl.where(valid, {value}, 0.0)", {e for e in idx if e}
         masks = {ROW: f"({ROW} < M)", COL: "col_ok"}
-        if ROW not in used and COL not in used:   # one value per batch item (a temperature): a scalar
+        if used & {ROW, COL}:
+            for axis, index in ((0, ROW), (1, COL)):
+                if index not in used:
+                    value = f"tl.sum({value}, {axis}, keep_dims=True)"
+        else:   # one value per batch item (a temperature) at a scalar address: the tile's sum, a scalar
             value = f"tl.sum(tl.sum({value}, 1), 0)"
-        for axis, index in ((0, ROW), (1, COL)) if used & {ROW, COL} else ():
-            if index not in used:
-                value = f"tl.sum({value}, {axis}, keep_dims=True)"
         mask = " & ".join(masks[index] for index in (ROW, COL) if index in used) or None
         j = len(self.input_grads) - 1
         return (f"tl.atomic_add(dga{j}_ptr + {' + '.join(terms) or '0'}, {value}"

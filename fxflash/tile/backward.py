@@ -472,6 +472,16 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     # the row values P reads: the statistics and Δ of a softmax, none of an elementwise P
     row_values = () if p_node is not None else (
         Load("m", "m", "row values"), Load("inv_l", "inv_l", "row values"), Load("delta", "delta", "row values"))
+
+    def over_keys(rows: tuple) -> tuple:
+        """A program per row tile over the key tiles (dQ's, the exact Δ's): its prologue (Q, dO and
+        the row values ``rows``), its skips, and its loop body up to ``dP = dO·Vᵀ``."""
+        lowering = _Lowering(r, kinds, printable)
+        return ((lowering._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *rows),
+                tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
+                (lowering._operand("k", r.k, "keys", r.D, key_side=True), *recompute(lowering),
+                 lowering._operand("v", r.v, "keys", r.Dv), Dot("dp", "do", "v")))
+
     def key_program(suffix: str, dq_atomics: bool) -> TileProgram:
         """dK and dV per key tile; with ``dq_atomics`` also each tile's dS·K, added to dQ in memory
         (FlashAttention-2's split: the dQ program's recomputation of P and dP is not needed)."""
@@ -489,23 +499,19 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),
             per="key", loop="row")
 
-    pq = _Lowering(r, kinds, printable)
-    exact_delta = None if p_node is not None else TileProgram(
-        f"{name}_bwd_exact_delta", frame,
-        (pq._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values[:2]),
-        tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
-        (pq._operand("k", r.k, "keys", r.D, key_side=True), *recompute(pq), pq._operand("v", r.v, "keys", r.Dv),
-         Dot("dp", "do", "v"), Map("p_dp", "mul", ("p", "dp")), RowReduce("pdp_sum", "sum", "p_dp"),
-         *(() if norm is not None else (RowReduce("p_sum", "sum", "p"),))),
-        _exact_delta(r, norm), (Store("delta", "delta", "row values"),), per="row", loop="key")
+    exact_delta = None
+    if p_node is None:   # Σ P·dP (and Σ P) over the keys, then _exact_delta's ops
+        prologue, skips, head = over_keys(row_values[:2])
+        exact_delta = TileProgram(
+            f"{name}_bwd_exact_delta", frame, prologue, skips,
+            (*head, Map("p_dp", "mul", ("p", "dp")), RowReduce("pdp_sum", "sum", "p_dp"),
+             *(() if norm is not None else (RowReduce("p_sum", "sum", "p"),))),
+            _exact_delta(r, norm), (Store("delta", "delta", "row values"),), per="row", loop="key")
     dkdv = key_program("dkdv", False)
-    qs = _Lowering(r, kinds, printable)
+    prologue, skips, head = over_keys(row_values)
     dq = TileProgram(
-        f"{name}_bwd_dq", frame,
-        (qs._operand("q", r.q, "rows", r.D), Load("do", f"d{out}", "output"), *row_values),
-        tuple(SkipIf(m.condition.name, m.masked_when) for m in _skipping(r)),
-        (qs._operand("k", r.k, "keys", r.D, key_side=True), *recompute(qs), qs._operand("v", r.v, "keys", r.Dv),
-         Dot("dp", "do", "v"), *gradient_of_x(), *derivative, *input_grads, Accumulate("dq_acc", "ds", "k")),
+        f"{name}_bwd_dq", frame, prologue, skips,
+        (*head, *gradient_of_x(), *derivative, *input_grads, Accumulate("dq_acc", "ds", "k")),
         tuple(_scaled("dq", r.q, "dq_acc")), (Store("dq", f"d{r.q.node.name}", "rows"),), per="row", loop="key")
     programs = (dkdv, dq) if p_node is not None else (delta, dkdv, dq)
     return programs, key_program("dkdvdq", True), exact_delta
