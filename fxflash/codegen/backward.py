@@ -14,9 +14,10 @@ the forward; O, dO, m, 1/l and Δ are contiguous ``[B·H, M, …]`` tensors the 
 are written to contiguous tensors ``[B·H, M|N, D|Dv]``, one per query head (a GQA group's
 heads are summed by the backward of the user's own expand). These kernels use no atomics; a
 fifth (``BackwardPlan.atomics``) replaces the last two where atomics are allowed, adding each
-key tile's share of dQ to a zeroed fp32 ``dq_sum``; a sixth (``BackwardPlan.exact_delta``) replaces
-Δ's where Δ is summed as P·dP over the key tiles (config.exact_delta). Each loop visits only the tiles that the
-region's -inf masks do not empty, by the masks' intervals, as the forward does (``tile_range``).
+key tile's share of dQ to a zeroed fp32 ``dq_sum``; a sixth (``BackwardPlan.exact_delta``)
+replaces Δ's where Δ is summed as P·dP over the key tiles (config.exact_delta). Each loop visits
+only the tiles that the region's -inf masks do not empty, by the masks' intervals, as the forward
+does (``tile_range``).
 
 Raises BackwardRefused where a program holds what the printer does not print, so the region's
 backward recomputes it eagerly; the reason is reported by ``explain()``.
