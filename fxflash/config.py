@@ -43,8 +43,9 @@ class Config:
                      (runtime/backward.py); ``FXFLASH_FUSED_BACKWARD=0`` recomputes the region's
                      own ops with eager autograd instead (for A/B measurements).
     forward_statistics: where the fused backward will run, the forward stores the row statistics
-                     it reads (``KernelPlan.training``); ``FXFLASH_FORWARD_STATISTICS=0`` runs the
-                     inference forward and leaves them to the backward's own kernel (A/B).
+                     it reads (``KernelPlan.training``), and in 16 bits O in fp32 for its Δ;
+                     ``FXFLASH_FORWARD_STATISTICS=0`` runs the inference forward and leaves them
+                     to the backward's own kernels (A/B).
     dq_atomics:      how the fused backward computes dQ: "auto" lets the GPU tuner choose between
                      a dQ kernel of its own (deterministic) and dK·dV's kernel adding each key
                      tile's share of dQ by fp32 atomics (FlashAttention-2's split: P and dP
@@ -53,13 +54,14 @@ class Config:
                      (unless deterministic algorithms are asked for), "0" never
                      (``FXFLASH_DQ_ATOMICS``). Where atomics are allowed ("auto" on a GPU, "1"),
                      a bias's gradient is added by them too, into a tensor of its own shape.
-    exact_delta:     a 16-bit region's fused backward takes each row's Δ = Σⱼ P·dP over the
-                     keys, in a pass of its own (a softmax's divided by Σⱼ P), so that every dS
-                     row sums to 0 as the softmax's does;
+    exact_delta:     where a 16-bit region's forward stored no fp32 O (``forward_statistics``
+                     off, or its training forward not printed), its fused backward takes each
+                     row's Δ = Σⱼ P·dP over the keys, in a pass of its own (a softmax's divided
+                     by Σⱼ P), so that every dS row sums to 0 as the softmax's does;
                      ``FXFLASH_EXACT_DELTA=0`` takes FlashAttention's rowsum(dO ⊙ O) from the
-                     16-bit O instead (one pass fewer, but dQ and dK off by O's rounding, many
-                     times eager's error, on rows a few keys dominate). A score input's gradient
-                     (a bias, a temperature) always takes the exact Δ.
+                     16-bit O there instead (one pass fewer, but dQ and dK off by O's rounding,
+                     many times eager's error, on rows a few keys dominate). A score input's
+                     gradient (a bias, a temperature) always takes the summed Δ.
     progress:        show a progress bar on stderr while tuning (``FXFLASH_PROGRESS=0``: silent).
     block_sparsity:  skip key tiles that a mask built from indices empties (proved per tile by
                      interval arithmetic); ``FXFLASH_BLOCK_SPARSITY=0`` visits every tile.

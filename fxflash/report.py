@@ -54,8 +54,8 @@ class RegionReport:
     backward:  when fused, how its backward runs: ``"fused"`` (generated kernels, from the tile
                programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward;
                for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``; and Δ
-               summed over the keys, ``…_exact_delta``, which replaces Δ's program in 16 bits:
-               config.exact_delta) or
+               summed over the keys, ``…_exact_delta``, which replaces Δ's program in 16 bits
+               where the forward stored no fp32 O: config.exact_delta) or
                ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 
@@ -114,8 +114,8 @@ class RegionReport:
             lines.append(f"  backward: fused, {len(own)} kernels from tile programs "
                          "(.backward_programs: " + ", ".join(own)
                          + "; on a GPU, dK·dV's kernel may add dQ by atomics instead: config.dq_atomics"
-                         + ("; in 16 bits Δ is Σ P·dP over the keys, from "
-                            + exact[0] if exact else "")
+                         + ("; in 16 bits Δ is taken from O in fp32, which the training forward stores, "
+                            "else Σ P·dP over the keys, from " + exact[0] if exact else "")
                          + ("; K and V broadcast over query heads: dK and dV summed per K/V head in the kernel by "
                             + ", ".join(grouped) if grouped else "") + ")")
         elif self.backward:

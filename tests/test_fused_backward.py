@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fxflash
+from fxflash.runtime import op
 from fxflash.variants import VARIANTS, Shape
 from helpers import assert_fused, assert_gradients_accurate
 
@@ -233,32 +234,48 @@ def test_16_bit_gradients_the_random_programs_found_wrong(found):
                               wrt=tuple(i for i, a in enumerate(args) if a.is_floating_point()))
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_16_bit_rows_a_few_keys_dominate_take_delta_from_p_and_dp(exact, monkeypatch):
+@pytest.mark.parametrize("stored,exact", [(True, True), (False, True), (False, False)],
+                         ids=["o_in_fp32", "exact_delta", "flash_delta"])
+def test_16_bit_rows_a_few_keys_dominate_take_delta_from_o_in_fp32(stored, exact, monkeypatch):
     """Δ = rowsum(dO ⊙ O) from the bf16 O is off by O's rounding, which such rows weigh into dQ and
     dK (0.09 against eager's 7·10⁻⁶ here) and into a temperature's gradient by its rows' mean
-    scores; summed as Σ P·dP over the keys (config.exact_delta), every dS row sums to 0 and they
-    are within eager's error. With the setting off, Q, K and V take FlashAttention's Δ; a score
-    input's gradient keeps the exact one."""
+    scores. The training forward stores O in fp32, and Δ from it is within eager's error. Without
+    it (``forward_statistics`` off), Δ is summed as Σ P·dP over the keys (config.exact_delta),
+    every dS row summing to 0; with that setting off too, Q, K and V take FlashAttention's Δ, and a
+    score input's gradient keeps the summed one."""
     import fxflash.runtime.backward as backward
 
     launched = []
     runner = backward._runner
     monkeypatch.setattr(backward, "_runner", lambda plan, kernel, *a, **k: launched.append(kernel.name.split("_bwd_")[1])
                         or runner(plan, kernel, *a, **k))
+    monkeypatch.setattr(fxflash.config, "forward_statistics", stored)
     monkeypatch.setattr(fxflash.config, "exact_delta", exact)
-    for seed in (2, 3, 6):   # each outside the bound with Δ from O
+    for seed in (2, 3, 6):   # each outside the bound with Δ from the bf16 O
         args = _peaked(seed)
         assert _fused_backward_of(_unscaled, *args) == ["fused"]
         if exact:
             assert_gradients_accurate(_unscaled, fxflash.optimize(_unscaled), args, wrt=(0, 1, 2))
         else:
             fxflash.optimize(_unscaled)(*(a.requires_grad_() for a in args)).sum().backward()
-        assert launched[-3:] == ["exact_delta" if exact else "delta", "dkdv", "dq"]
-    q, k, v = _peaked(1)   # its temperature's gradient 34× eager's error with Δ from O
+        assert launched[-3:] == ["exact_delta" if exact and not stored else "delta", "dkdv", "dq"]
+    q, k, v = _peaked(1)   # its temperature's gradient 34× eager's error with Δ from the bf16 O
     args = (q / 8, k, v, torch.tensor(0.7, dtype=torch.bfloat16))
     assert_gradients_accurate(_tempered, fxflash.optimize(_tempered), args, wrt=(0, 1, 2, 3))
-    assert launched[-3:] == ["exact_delta", "dkdv", "dq"]
+    assert launched[-3:] == ["delta" if stored else "exact_delta", "dkdv", "dq"]
+
+
+@pytest.mark.parametrize("dtype,stored", [(torch.bfloat16, ("m", "inv_l", "o")), (torch.float32, ("m", "inv_l"))],
+                         ids=str)
+def test_a_16_bit_training_forward_stores_o_in_fp32(dtype, stored):
+    """What a region's training forward stores after its output, all in fp32: m and 1/l, and O
+    where the output is 16-bit."""
+    before = set(op._REGISTRY)
+    args = [t.requires_grad_() for t in VARIANTS["causal"].inputs(SHAPE, dtype)]
+    fxflash.optimize(VARIANTS["causal"].fn)(*args).sum().backward()
+    (entry,) = [op._REGISTRY[key] for key in set(op._REGISTRY) - before]
+    training = entry.plan.training
+    assert training.training_outputs == stored and training.side_dtypes == (torch.float32,) * len(stored)
 
 
 def test_one_tensor_read_as_q_and_k_gets_both_gradients():

@@ -101,6 +101,23 @@ def test_what_the_training_forward_cannot_store_is_refused_before_printing(name,
     assert gluon.refusal(region, statistics=True) == reason
 
 
+@pytest.mark.fusion_independent  # reads a region directly
+@needs_gluon
+def test_the_training_forward_stores_m_1_over_l_and_o_in_fp32():
+    """The Gluon training forward stores what the Triton one does (KernelPlan.training_outputs):
+    each row's m and 1/l, and O in fp32, from which the backward takes Δ."""
+    from fxflash.codegen import emit_kernel
+    from fxflash.tile.backward import statistics_nodes
+
+    variant = VARIANTS["causal"]
+    region, kinds = region_and_kinds(variant.fn, *variant.inputs(SHAPE, torch.bfloat16))
+    training = emit_kernel(region, kinds, statistics=statistics_nodes(region))
+    gluon.attach(training, region, kinds, statistics=True)
+    assert training.training_outputs == gluon.TRAINING_OUTPUTS and training.gluon is not None
+    assert all(line in training.gluon.source for line in gluon.STATISTICS_STORE)
+    assert "side2_ptr + gl.expand_dims(stat_at, 1) * DV" in training.gluon.source
+
+
 @pytest.mark.fusion_independent
 @needs_gluon
 @pytest.mark.parametrize("lam,combined", [(0.5, "out = out - other * 0.5"), (-0.25, "out = out + other * 0.25")])

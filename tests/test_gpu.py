@@ -97,8 +97,8 @@ def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
 
 @pytest.mark.parametrize("atomics", ["0", "1"])
 def test_16_bit_rows_a_few_keys_dominate_on_gpu(atomics, monkeypatch):
-    """bf16 rows a few keys dominate: dQ and dK, and a temperature's gradient, from Δ = Σ P·dP
-    (config.exact_delta) within eager's error, dQ by its own kernel or by atomics."""
+    """bf16 rows a few keys dominate: dQ and dK, and a temperature's gradient, from Δ taken from
+    the forward's fp32 O within eager's error, dQ by its own kernel or by atomics."""
     from test_fused_backward import _peaked, _tempered, _unscaled
 
     monkeypatch.setattr(fxflash.config, "dq_atomics", atomics)
@@ -616,8 +616,8 @@ def test_two_stream_gluon_kernel_on_gpu(name, d, tile, dtype):
 @pytest.mark.parametrize("tile", GLUON_CONFIGS[64][:2], ids=lambda t: "x".join(map(str, t[1:])))
 @pytest.mark.parametrize("name", ["vanilla", "causal", "gqa_expand", "softcap", "key_padding", "padded"])
 def test_gluon_training_forward_stores_the_backward_statistics_on_gpu(name, tile, monkeypatch):
-    """The Gluon kernel's training forward (its configuration pinned) stores each row's m and 1/l,
-    and the fused backward reading them gives eager's gradients; "padded": rows a finfo.min mask
+    """The Gluon kernel's training forward (its configuration pinned) stores each row's m and 1/l
+    and O in fp32, and the fused backward reading them gives eager's gradients; "padded": rows a finfo.min mask
     empties, which the repair kernel computes and stores again."""
     import fxflash.runtime.backward as backward
     from test_fused_backward import padded, padded_keep
@@ -632,7 +632,7 @@ def test_gluon_training_forward_stores_the_backward_statistics_on_gpu(name, tile
         fn, args = VARIANTS[name].fn, VARIANTS[name].inputs(s, torch.bfloat16, "cuda")
     fast = fxflash.optimize(fn, inner="eager")
     assert_gradients_accurate(fn, lambda *a: _pinned_call(fast, a, tile), args, wrt=(0, 1, 2))
-    assert calls and all(n == 2 for n in calls)   # the statistics came from the forward
+    assert calls and all(n == 3 for n in calls)   # m, 1/l and O came from the forward
 
 
 # Why a pinned Gluon configuration cannot run beside a TMA-read score tile (gluon_launch.launch_refusal).

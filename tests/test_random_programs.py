@@ -237,8 +237,8 @@ def test_random_program_gradients_match_eager(spec):
     """The gradients of every floating input (Q, K, V, biases, temperatures, λ, the gate) against
     float64 autograd within eager's own error. No input is written in place: autograd refuses
     that on a leaf that needs a gradient, in eager too; a bias constant along the keys, whose
-    gradient under a softmax is 0 (each row's dS sums to 0: the fused backward's Δ is Σ P·dP,
-    config.exact_delta), included. Left out: an extreme fill added to 16-bit scores,
+    gradient under a softmax is 0 (each row's dS sums to 0: the fused backward's Δ is taken
+    from O in fp32), included. Left out: an extreme fill added to 16-bit scores,
     which eager's rounding turns into equal scores where the backward, in fp32, keeps them apart
     (benchmarks/NOTES.md, open)."""
     assume(not (spec["dtype"] != torch.float32 and any(op[0] == "extreme_mask" for op in spec["ops"])))

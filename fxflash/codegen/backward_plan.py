@@ -57,6 +57,7 @@ class BackwardPlan:
     index_bound: tuple
     programs: tuple
     input_grads: tuple = ()  # the input indices of the tensors whose gradients the dQ kernel can store
+    o_dtype: object = None   # O's dtype (P·V's), which dO takes for the programs' products
     ops_after_pv: bool = False  # the programs read O and dO before the region's ops after P·V (RegisteredRegion.epilogue)
     slot_values: tuple = ()  # per gradient tile the kernels store (``dg<j>``), the name of the value it belongs to
     atomics: BackwardKernel | None = None  # replaces the last two kernels where atomics are allowed:

@@ -851,12 +851,17 @@ class _Printer:
     def training_outputs(self) -> tuple:
         """(name, dtype) of each result the training forward stores after the region's own
         (``statistics``, KernelPlan.training_outputs): a softmax's ``m`` and ``inv_l`` in fp32,
-        then where ops follow P·V, ``o``, the output before them, in its own dtype."""
+        then ``o``, O = P·V before the ops after it: where ops follow P·V, in its own dtype, and in
+        fp32 wherever O is 16-bit and the backward takes each row's Δ = rowsum(dO ⊙ O) from it.
+        Rounded to 16 bits, O leaves each dS row summing to dO·(O's rounding) instead of 0, which
+        dQ weighs by the row's keys: far outside eager's error on rows a few keys dominate."""
         if self.statistics is None:
             return ()
         r = self.r
+        o = (r.output_ops[0].args[0] if r.output_ops else r.output).meta["val"].dtype
+        wide = bool(self.statistics) and o in (torch.float16, torch.bfloat16)
         return ((("m", torch.float32), ("inv_l", torch.float32)) if self.statistics else ()) + (
-            (("o", r.output_ops[0].args[0].meta["val"].dtype),) if r.output_ops else ())
+            (("o", torch.float32 if wide else o),) if r.output_ops or wide else ())
 
     def bounded_accumulation(self) -> bool:
         """Can ``Σ P·V``, with P's row factors deferred past it, overflow only where eager's
@@ -1104,8 +1109,8 @@ class _Printer:
         parts = [("+" if sign > 0 else "-") + f" {acc}" + (f" * {c!r}" if c != 1.0 else "")
                  for (sign, _, _), acc, (_, c) in zip(terms, finished, self.term_factors)]
         self.post.append(f"out = {' '.join(parts).lstrip('+ ')}")
-        if r.output_ops and self.statistics is not None:
-            # the training forward: O = P·V before the ops after it, for their backward (autograd's)
+        if any(name == "o" for name, _ in self.training_outputs()):
+            # the training forward: O = P·V (before the ops after it, for their backward: autograd's)
             ptr = self.param(f"side{len(rows)}_ptr", ("side", len(rows)))
             self.post.append(f"{L.store}({ptr} + lin.to({L.int64}) * M * DV + {ROW} * DV + offs_dv[None, :], "
                              f"out.to({ptr}.dtype.element_ty), mask=({ROW} < M) & (offs_dv[None, :] < DV))")

@@ -498,6 +498,7 @@ def emit_gluon(r: Region, kinds: dict, name: str = "fxflash_gluon",
     if statistics:  # refusal(r, statistics) decided what STATISTICS_STORE can store
         pr.param("side0_ptr", ("side", 0))
         pr.param("side1_ptr", ("side", 1))
+        pr.param("side2_ptr", ("side", 2))
         store = STATISTICS_STORE + store  # the store of ``out`` stays last (_tma_store_lines)
     out_tma = pr.tma_store()
     score_params = list(pr.params)  # the consumers' run-time parameters (the tile range's come after)
@@ -549,13 +550,17 @@ PLAIN_STORE = [
 ]
 
 
-# The training forward's row statistics (emit_kernel's ``statistics``), stored by each consumer
-# for its rows: the maximum the exponent was taken against, ``mu`` (exp2 units), in natural units,
-# and the reciprocal of the row sum, as the backward reads them.
+# The training forward's results after the output (emit_kernel's ``statistics``; the training
+# plan's ``training_outputs`` must be these), stored by each consumer for its rows: the maximum the
+# exponent was taken against, ``mu`` (exp2 units), in natural units, the reciprocal of the row
+# sum, as the backward reads them, and O in fp32, from which the backward takes Δ.
+TRAINING_OUTPUTS = ("m", "inv_l", "o")
 STATISTICS_STORE = [
     "stat_at = lin.to(gl.int64) * M + out_rows",
     f"gl.store(side0_ptr + stat_at, gl.convert_layout(mu, o_rows) * {LN2!r}, mask=out_rows < M)",
     "gl.store(side1_ptr + stat_at, 1.0 / gl.convert_layout(l_sum, o_rows), mask=out_rows < M)",
+    "gl.store(side2_ptr + gl.expand_dims(stat_at, 1) * DV + gl.expand_dims(out_cols, 0), out,"
+    " mask=gl.expand_dims(out_rows < M, 1))",
 ]
 
 
@@ -578,6 +583,8 @@ def attach(plan, region: Region, kinds: dict, statistics: bool = False) -> None:
     The Gluon kernel is an optional second form of a region the Triton kernel already computes:
     a failure to print it (a bug) is reported in a warning and the reason, never raised."""
     why = refusal(region, statistics)
+    if why is None and statistics and plan.training_outputs != TRAINING_OUTPUTS:
+        why = f"the training forward stores {', '.join(plan.training_outputs)}; STATISTICS_STORE stores m, inv_l, o"
     if why is None and plan.repair_args is None:
         why = "its rows could not be repaired where they leave the multiply-add form's range (no repair kernel)"
     if why is None:

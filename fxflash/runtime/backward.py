@@ -140,7 +140,9 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
     An exception in the fused backward is a bug in fxflash: warned once, and the region's backward
     recomputes eagerly from then on."""
     frame = [int(s) for s in frame]
-    if _kernels_fit(entry.plan.backward, frame) and entry.failed is None and entry.backward_failed is None:
+    # the ops after P·V differentiate at O as the forward's kernel stored it (not where it did not launch)
+    if (_kernels_fit(entry.plan.backward, frame) and entry.failed is None and entry.backward_failed is None
+            and (entry.plan.int32_index_ok(frame) or not entry.plan.backward.ops_after_pv)):
         try:
             with stage("backward"):
                 return _fused_gradients(entry, inputs, bases, out, grad, frame, extras, symints, input_grads,
@@ -156,10 +158,13 @@ def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: 
     """``_gradients`` from the generated kernels."""
     plan = entry.plan.backward
     named = dict(zip(entry.plan.training.training_outputs, statistics)) if statistics else {}
+    # O as the forward's kernel stored it (in fp32 where O is 16-bit: Δ = rowsum(dO ⊙ O) from it
+    # leaves each dS row summing to 0 within fp32's rounding), else the region's output
+    o = named["o"] if "o" in named and entry.plan.int32_index_ok(frame) else out
     after_pv = []
     if plan.ops_after_pv:   # dO and the epilogue inputs' gradients at O, from the ops' own backward
         given = {t.untyped_storage().data_ptr() for t in (*inputs, grad, *statistics)}
-        out, (grad, *after_pv) = named["o"], _epilogue_gradients(entry, inputs, named["o"], grad, extras)
+        grad, *after_pv = _epilogue_gradients(entry, inputs, o.to(plan.o_dtype), grad, extras)
         # an op's result must not alias its arguments (an added tensor's gradient is dO itself)
         after_pv = [g.clone() if g.untyped_storage().data_ptr() in given else g for g in after_pv]
     *batch_sizes, m, n = frame
@@ -173,15 +178,16 @@ def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: 
     group = _group(entry, inputs)
     heads = batch // group[0] if group else batch   # the programs' K/V heads
     own = {"delta": torch.empty(batch, m, **f32),
-           "o": _rows_major(out, batch, m, plan.dv), "do": _rows_major(grad.to(out.dtype), batch, m, plan.dv),
+           "o": _rows_major(o, batch, m, plan.dv), "do": _rows_major(grad.to(plan.o_dtype), batch, m, plan.dv),
            "dq": torch.empty(batch, m, plan.d, **like["dq"]), "dk": torch.empty(heads, n, plan.d, **like["dk"]),
            "dv": torch.empty(heads, n, plan.dv, **like["dv"])}
     kernels, atomics = plan.kernels, plan.atomics
-    if (plan.exact_delta is not None and out.dtype in (torch.float16, torch.bfloat16)
+    if (plan.exact_delta is not None and o.dtype in (torch.float16, torch.bfloat16)
             and (input_grads or config.exact_delta)):
-        # Δ as Σ P·dP over the keys (config.exact_delta): rowsum(dO ⊙ O) from the 16-bit O would
-        # leave each dS row's sum off by O's rounding, weighted into dQ by the row's mean key and into
-        # a temperature's gradient by its mean score
+        # no fp32 O (a training forward that ran the region's own ops, or none): Δ as Σ P·dP over
+        # the keys (config.exact_delta). rowsum(dO ⊙ O) from the 16-bit O would leave each dS row's
+        # sum off by O's rounding, weighted into dQ by the row's mean key and into a temperature's
+        # gradient by its mean score
         kernels = (*kernels[:-3], plan.exact_delta, *kernels[-2:])
     if group:   # dK·dV's kernel and the atomic one per key tile of a K/V head
         kernels, atomics = (*kernels[:-2], plan.grouped[0], kernels[-1]), plan.grouped[1]

@@ -165,8 +165,8 @@ class RegisteredRegion:
         # nothing to tile (eager's semantics for empty sums), sizes so large that the kernel's
         # int32 index arithmetic could overflow, or a kernel that failed: the replaced ops as they were
         results = list(self.reference(*replay_views(inputs, views), *self.extras(sizes, scalars)))
-        if statistics:  # the statistics from the backward's own kernel (runtime/backward.py); the
-            # output before the ops after P·V left unset: a failed kernel's backward is eager's
+        if statistics:  # the statistics from the backward's own kernel (runtime/backward.py); O
+            # left unset: the backward reads it only where the forward's kernel launched
             from .backward import row_statistics
 
             outputs = self.plan.training.training_outputs
