@@ -1,7 +1,7 @@
 """Compile a variant's generated Gluon kernel for sm_90 without a GPU (run by test_gluon.py in a
 process without TRITON_INTERPRET, which cannot run or compile Gluon):
 
-    python tests/gluon_compile.py [--edit NAME] [--dv DV] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
+    python tests/gluon_compile.py [--edit NAME] [--dv DV] [--training] VARIANT DTYPE D CONSUMERS BLOCK_N NBUF PINGPONG
         [CTAS_PER_SM [PERSISTENT [STREAMS [CONSUMER_ROWS]]]]
 
 Prints the kernel's shared memory (and gluon_plan.shared_bytes's count of its buffers), how it sums
@@ -10,6 +10,7 @@ for register pressure that needs no GPU (the GPU machine's Triton may bundle ano
 kernel is specialized as Triton's JIT specializes it at a launch (``jit_specializations``).
 ``--edit NAME`` compiles a hand edit of the printed source (benchmarks/probes/probe_gluon_edits.py);
 ``--dv DV`` gives V a head dim other than Q's and K's D (differential attention's V is 2·DV wide);
+``--training`` compiles the training forward's kernel (it also stores m, 1/l and O in fp32);
 STREAMS 2 compiles a two-stream region's configuration, CONSUMER_ROWS 128 one whose consumers own 128 rows each.
 ``python tests/gluon_compile.py --serve`` answers such checks one per line of stdin (``serve``)."""
 import contextlib
@@ -38,14 +39,14 @@ from helpers import REPLY, TRITON_TYPES as TYPES, region_and_kinds
 
 
 def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=0, streams=1, consumer_rows=64, edit=None,
-         dv=None):
+         dv=None, training=False):
     dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     dv = dv or d
     args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=d, Dv=dv), dtype)
     region, kinds = region_and_kinds(variant.fn, *args)
-    assert refusal(region) is None, refusal(region)
-    plan = emit_gluon(region, kinds)
+    assert refusal(region, training) is None, refusal(region, training)
+    plan = emit_gluon(region, kinds, statistics=training)
     if edit:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "probes"))
         from probe_gluon_edits import edit_named
@@ -65,7 +66,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
     runtime["sat_ptr"] = "*i8"  # the repair kernel's row flags
     for spec, arg in zip(plan.args, kernel.arg_names[first:]):
         runtime[arg] = {"ptr": lambda: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
-                        "summary": lambda: "*i64"}.get(spec[0], lambda: "i32")()
+                        "summary": lambda: "*i64", "side": lambda: "*fp32"}.get(spec[0], lambda: "i32")()
     maxnreg, regs = register_budget(consumers, ctas)
     # the kernel's last arguments, in order (BoundGluonLaunch); the output by TMA where the region can
     constexprs = gluon_launch.constexprs(tile, plan.store is not None)
@@ -76,7 +77,7 @@ def main(name, dtype, d, consumers, block_n, nbuf, pingpong, ctas=1, persistent=
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     row_sums = "wgmma.mma_async.sync.aligned.m64n8k16" in compiled.asm["ptx"]  # P·1 (gluon_plan.row_sums_by_mma)
     stores = "by TMA" if "cp.async.bulk.tensor.2d.global.shared" in compiled.asm["ptx"] else "per element"
-    print(f"compiled {name}{' edited by ' + edit if edit else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
+    print(f"compiled {name}{' edited by ' + edit if edit else ''}{' (training)' if training else ''} {dtype} d{d}: shared {compiled.metadata.shared} bytes (buffers "
           f"{shared_bytes(tile, d, dtype.itemsize, len(plan.tiles) - len(plan.vectors), plan.dv, len(plan.vectors), mma_row_sum=plan.options.gluon_mma_row_sum)}), {regs} registers per consumer thread; row sums "
           f"{'by P·1 on the tensor cores' if row_sums else 'added up'}; output stored {stores}; "
           f"{spills(compiled.asm['ptx'])}")
@@ -95,7 +96,7 @@ def jit_specializations(plan, arg_names, frame, first) -> tuple[dict, dict]:
                  "frame": lambda: frame[spec[1]]}.get(spec[0], lambda: None)()
         if value == 1:
             ones[arg] = 1
-        elif spec[0] in ("ptr", "summary") or (value is not None and int(value) % 16 == 0):
+        elif spec[0] in ("ptr", "summary", "side") or (value is not None and int(value) % 16 == 0):
             attrs[index] = True
     return ones, {(i,): [["tt.divisibility", 16]] for i in attrs}
 
@@ -122,8 +123,9 @@ def run(argv: list) -> None:
     argv = list(argv)
     edit = argv.pop(argv.index("--edit") + 1) if "--edit" in argv else None
     dv = int(argv.pop(argv.index("--dv") + 1)) if "--dv" in argv else None
-    argv = [a for a in argv if a not in ("--edit", "--dv")]
-    main(argv[0], argv[1], *(int(a) for a in argv[2:]), edit=edit, dv=dv)
+    training = "--training" in argv
+    argv = [a for a in argv if a not in ("--edit", "--dv", "--training")]
+    main(argv[0], argv[1], *(int(a) for a in argv[2:]), edit=edit, dv=dv, training=training)
 
 
 def serve() -> None:

@@ -43,13 +43,15 @@ def region_and_kinds(fn, *args):
 needs_gluon = pytest.mark.skipif(gluon_api() is None, reason="this Triton has no Gluon Hopper API")
 
 
-def compile_for_hopper(name, dtype, d, tile, edit=None, dv=None, **settings) -> str:
+def compile_for_hopper(name, dtype, d, tile, edit=None, dv=None, training=False, **settings) -> str:
     """tests/gluon_compile.py's report of ``name``'s Gluon kernel with configuration ``tile`` (hand
-    edit ``edit`` of probe_gluon_edits applied, if given; V's head dim ``dv`` if not ``d``),
+    edit ``edit`` of probe_gluon_edits applied, if given; V's head dim ``dv`` if not ``d``; with
+    ``training``, its training forward's),
     compiled for sm_90 without TRITON_INTERPRET, with the on/off ``settings`` (environment names:
     ``FXFLASH_GLUON_TMA_TILES="0"``) — by one ``gluon_compile.py --serve`` process that the test
     session's checks share (each started its own, 3–4 s of imports apiece)."""
-    argv = [*(["--edit", edit] if edit else []), *(["--dv", str(dv)] if dv else []), name, dtype, str(d), *map(str, tile)]
+    argv = [*(["--edit", edit] if edit else []), *(["--dv", str(dv)] if dv else []), *(["--training"] if training else []),
+            name, dtype, str(d), *map(str, tile)]
     server = _compile_server()
     server.stdin.write(json.dumps({"argv": argv, "settings": settings}) + "\n")
     server.stdin.flush()

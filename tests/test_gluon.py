@@ -352,6 +352,16 @@ def test_gluon_kernel_compiles_for_hopper(name, dtype, d, tile, full_tiles):
 
 
 @needs_gluon
+@pytest.mark.parametrize("name,d,tile", [("causal", 64, (2, 128, 2, 0, 1)), ("vanilla", 128, (2, 64, 2, 1, 1, 1))])
+@pytest.mark.fusion_independent
+def test_the_training_forward_compiles_for_hopper(name, d, tile):
+    """The training forward's kernel, which also stores m, 1/l and O in fp32 (STATISTICS_STORE),
+    compiles for sm_90 within the register budget: no spills."""
+    compiled = compile_for_hopper(name, "bfloat16", d, tile, training=True)
+    assert "compiled " + name + " (training)" in compiled and "spills 0/0" in compiled, compiled
+
+
+@needs_gluon
 @pytest.mark.parametrize("tma, vectors, producers", [(True, True, True), (True, True, False), (True, False, True),
                                                      (False, True, True)])
 @pytest.mark.fusion_independent
