@@ -15,9 +15,9 @@ are written to contiguous tensors ``[B·H, M|N, D|Dv]``, one per query head (a G
 heads are summed by the backward of the user's own expand). These kernels use no atomics; a
 fifth (``BackwardPlan.atomics``) replaces the last two where atomics are allowed, adding each
 key tile's share of dQ to a zeroed fp32 ``dq_sum``; a sixth (``BackwardPlan.exact_delta``)
-replaces Δ's where Δ is summed as P·dP over the key tiles (no fp32 O stored: config.exact_delta). Each loop visits
-only the tiles that the region's -inf masks do not empty, by the masks' intervals, as the forward
-does (``tile_range``).
+replaces Δ's where Δ is summed as P·dP over the key tiles (no fp32 O stored: config.exact_delta).
+Each loop visits only the tiles that the region's -inf masks do not empty, by the masks'
+intervals, as the forward does (``tile_range``).
 
 Raises BackwardRefused where a program holds what the printer does not print, so the region's
 backward recomputes it eagerly; the reason is reported by ``explain()``.
@@ -529,7 +529,8 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     kernels, (atomic_kernel, *grouped_kernels) = kernels[:len(programs)], kernels[len(programs):]
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
-                        o_dtype=attention_output(r).meta["val"].dtype, ops_after_pv=bool(r.output_ops), slot_values=tuple(slot_values), atomics=atomic_kernel,
+                        o_dtype=attention_output(r).meta["val"].dtype, ops_after_pv=bool(r.output_ops),
+                        slot_values=tuple(slot_values), atomics=atomic_kernel,
                         grouped=tuple(grouped_kernels), grouped_programs=grouped, group_axis=axis,
                         exact_delta=exact_kernel, exact_delta_program=exact_delta)
 
