@@ -278,6 +278,20 @@ def test_a_16_bit_training_forward_stores_o_in_fp32(dtype, stored):
     assert training.training_outputs == stored and training.side_dtypes == (torch.float32,) * len(stored)
 
 
+def test_a_16_bit_region_keeps_o_in_fp32_for_its_backward_in_place_of_its_output():
+    """What autograd holds between the forward and the backward: the fp32 O the backward reads,
+    not the bf16 output besides it."""
+    variant = VARIANTS["causal"]
+    args = [t.requires_grad_() for t in variant.inputs(SHAPE, torch.bfloat16)]
+    fast = fxflash.optimize(variant.fn)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fast(*args)
+    assert any(t.dtype == torch.float32 and t.shape == out.shape for t in saved)
+    assert not any(t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() for t in saved)
+    assert_gradients_accurate(variant.fn, fast, args, wrt=(0, 1, 2))
+
+
 def test_one_tensor_read_as_q_and_k_gets_both_gradients():
     def self_attention(x, v):
         return torch.softmax(x @ x.transpose(-1, -2) * 0.3, -1) @ v

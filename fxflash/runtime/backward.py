@@ -140,9 +140,11 @@ def _gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: torch.
     An exception in the fused backward is a bug in fxflash: warned once, and the region's backward
     recomputes eagerly from then on."""
     frame = [int(s) for s in frame]
-    # the ops after P·V differentiate at O as the forward's kernel stored it (not where it did not launch)
+    # O as the forward's kernel stored it (``o``: Δ and the ops after P·V read it) is unset where
+    # that kernel did not launch
+    stored_o = bool(statistics) and "o" in entry.plan.training.training_outputs
     if (_kernels_fit(entry.plan.backward, frame) and entry.failed is None and entry.backward_failed is None
-            and (entry.plan.int32_index_ok(frame) or not entry.plan.backward.ops_after_pv)):
+            and (entry.plan.int32_index_ok(frame) or not stored_o)):
         try:
             with stage("backward"):
                 return _fused_gradients(entry, inputs, bases, out, grad, frame, extras, symints, input_grads,
@@ -160,7 +162,7 @@ def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: 
     named = dict(zip(entry.plan.training.training_outputs, statistics)) if statistics else {}
     # O as the forward's kernel stored it (in fp32 where O is 16-bit: Δ = rowsum(dO ⊙ O) from it
     # leaves each dS row summing to 0 within fp32's rounding), else the region's output
-    o = named["o"] if "o" in named and entry.plan.int32_index_ok(frame) else out
+    o = named.get("o", out)
     after_pv = []
     if plan.ops_after_pv:   # dO and the epilogue inputs' gradients at O, from the ops' own backward
         given = {t.untyped_storage().data_ptr() for t in (*inputs, grad, *statistics)}

@@ -388,10 +388,14 @@ def _setup_context(ctx, inputs, output):
     ctx.no_scalars = [] if not scalars else None
     ctx.needs = [t.requires_grad for t in tensors]
     # the training forward's last results (training_outputs: m, 1/l, O before the ops after P·V)
-    ctx.statistics = len(registered(key).plan.training.training_outputs) if statistics else 0
+    outputs = registered(key).plan.training.training_outputs if statistics else ()
+    ctx.statistics = len(outputs)
+    stored = output[len(output) - ctx.statistics:]
     if statistics:
-        ctx.mark_non_differentiable(*output[len(output) - ctx.statistics:])
-    ctx.save_for_backward(*tensors, output[0], *output[len(output) - ctx.statistics:])
+        ctx.mark_non_differentiable(*stored)
+    # where the forward stores O (``o``), the backward reads it and never the output: the output is
+    # not kept for it (the fp32 O held in its place)
+    ctx.save_for_backward(*tensors, stored[outputs.index("o")] if "o" in outputs else output[0], *stored)
 
 
 def _backward(ctx, grads_out):
