@@ -617,8 +617,8 @@ def test_two_stream_gluon_kernel_on_gpu(name, d, tile, dtype):
 @pytest.mark.parametrize("name", ["vanilla", "causal", "gqa_expand", "softcap", "key_padding", "padded"])
 def test_gluon_training_forward_stores_the_backward_statistics_on_gpu(name, tile, monkeypatch):
     """The Gluon kernel's training forward (its configuration pinned) stores each row's m and 1/l
-    and O in fp32, and the fused backward reading them gives eager's gradients; "padded": rows a finfo.min mask
-    empties, which the repair kernel computes and stores again."""
+    and O in fp32, and the fused backward reading them gives eager's gradients; "padded": rows a
+    finfo.min mask empties, which the repair kernel computes and stores again."""
     import fxflash.runtime.backward as backward
     from test_fused_backward import padded, padded_keep
 
