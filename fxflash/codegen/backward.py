@@ -529,7 +529,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     kernels, (atomic_kernel, *grouped_kernels) = kernels[:len(programs)], kernels[len(programs):]
     input_grads = tuple(i for kernel in kernels for i in kernel.input_grads if i is not None)
     return BackwardPlan(source, tuple(kernels), q, k, v, inputs, r.D, r.Dv, bound, programs, input_grads,
-                        o_dtype=attention_output(r).meta["val"].dtype, ops_after_pv=bool(r.output_ops),
+                        o_dtype=out_dtype, ops_after_pv=bool(r.output_ops),
                         slot_values=tuple(slot_values), atomics=atomic_kernel,
                         grouped=tuple(grouped_kernels), grouped_programs=grouped, group_axis=axis,
                         exact_delta=exact_kernel, exact_delta_program=exact_delta)

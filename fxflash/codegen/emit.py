@@ -35,6 +35,7 @@ from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncas
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from ..tile.ir import Accumulate, Dot, Finish, Index, Load, Map, RowReduce, TileProgram
+from ..tile.backward import attention_output
 from ..tile.lower import lower
 from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
@@ -858,7 +859,7 @@ class _Printer:
         if self.statistics is None:
             return ()
         r = self.r
-        o = (r.output_ops[0].args[0] if r.output_ops else r.output).meta["val"].dtype
+        o = attention_output(r).meta["val"].dtype
         wide = bool(self.statistics) and o in (torch.float16, torch.bfloat16)
         return ((("m", torch.float32), ("inv_l", torch.float32)) if self.statistics else ()) + (
             (("o", torch.float32 if wide else o),) if r.output_ops or wide else ())

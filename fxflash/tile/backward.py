@@ -19,13 +19,13 @@ into dQ and dK, and a temperature's gradient by the row's mean score, at many ti
 A 16-bit training forward stores O in fp32 for it (``o``, codegen/emit's ``training_outputs``).
 Where none did, a program of its own sums ``P·dP`` over the key tiles instead, a softmax's
 divided by ``Σ P`` (``_exact_delta``, config.exact_delta): each dS row then sums to 0. A fourth
-program replaces the last two where atomics are allowed (FlashAttention-2's split): per key tile, dK, dV and the
-tile's share of dQ, ``dS·K``, added to dQ in memory, so that P and dP are computed once. The score
-chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed or loaded
-exactly as in the forward, and the forward's tile masks skip the same tiles. The statistics are
-kept apart rather than as ``L = m + log l``: for a row every key masks with a finite fill
-(``finfo.min``), ``m ≈ −3.4·10³⁸`` absorbs ``log l`` in fp32, and ``exp(x − L)`` would be 1 where
-eager's P is ``1/N``.
+program replaces the last two where atomics are allowed (FlashAttention-2's split): per key tile,
+dK, dV and the tile's share of dQ, ``dS·K``, added to dQ in memory, so that P and dP are computed
+once. The score chain's inputs (a bias, index masks, a tensor the kernel computes) are recomputed
+or loaded exactly as in the forward, and the forward's tile masks skip the same tiles. The
+statistics are kept apart rather than as ``L = m + log l``: for a row every key masks with a
+finite fill (``finfo.min``), ``m ≈ −3.4·10³⁸`` absorbs ``log l`` in fp32, and ``exp(x − L)``
+would be 1 where eager's P is ``1/N``.
 
 The quiet softmax, ``exp(x) / (1 + Σ exp(x))``, has the softmax's derivative; its rows keep the
 value its exponent subtracts and its divisor in place of ``m`` and ``l`` (``softmax_form``).
