@@ -368,6 +368,31 @@ def test_the_masks_bound_the_backward_loops(name, ranged):
     assert got == ranged
 
 
+@pytest.mark.fusion_independent  # prints from a region directly
+@pytest.mark.parametrize("name", FUSED)
+def test_no_dot_reads_the_transpose_of_a_computed_tile(name):
+    """Triton 3.4–3.7.0 miscompiles, on Hopper, a dot whose operand is the transpose of a tile
+    computed in registers (dK = Σ dSᵀ·Q came out 20× eager's error on an H100): the GPU's kernels
+    accumulate dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P, and every transpose a dot reads is of a loaded tile."""
+    import dataclasses
+    import re
+
+    from fxflash.codegen import emit_kernel
+    from fxflash.codegen.backward import emit_backward
+    from fxflash.codegen.printers import PRINTERS
+    from fxflash.config import kernel_options
+    from helpers import region_and_kinds
+
+    variant = VARIANTS[name]
+    region, kinds = region_and_kinds(variant.fn, *variant.inputs(SHAPE, torch.bfloat16))
+    plan = emit_kernel(region, kinds, options=dataclasses.replace(kernel_options(), interpreter=False))
+    source = emit_backward(region, kinds, plan, PRINTERS).source
+    loaded = set(re.findall(r"^\s*(\w+) = tl\.load\(", source, re.M))
+    transposed = {name for line in source.splitlines() if "tl.dot(" in line
+                  for name in re.findall(r"tl\.trans\((\w+)\)", line)}
+    assert "dk_acc = tl.trans(dk_acc)" in source and transposed and transposed <= loaded, transposed - loaded
+
+
 def test_dynamic_shapes_train_through_the_fused_backward():
     """Under dynamic=True the sizes are symbolic (P reaches P·V through an expand to its own sizes;
     the causal mask's diagonal ``N − M`` is a symbolic size, which the forward's tile ranges read

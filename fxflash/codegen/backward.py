@@ -203,6 +203,10 @@ class _Kernel:
             self.map(op, out)
         elif isinstance(op, ir.RowReduce):
             self.row_reduce(op, out)
+        elif isinstance(op, ir.Accumulate) and _holds_transpose(op):   # accᵀ += vᵀ · p
+            acc = self.var(op.acc)
+            out.append(f"{acc} = {self.dot(self.tile(op.v, True), self.tile(op.p, False), acc)}")
+            self.values[op.acc] = (f"tl.trans({acc})", None)
         elif isinstance(op, ir.Accumulate):
             p = self.tile(op.p, op.transposed)
             out.append(f"{self.var(op.acc)} = {self.dot(p, self.tile(op.v, False), '' if op.fresh else self.var(op.acc))}")
@@ -418,6 +422,7 @@ class _Kernel:
             elif isinstance(op, ir.Accumulate):
                 rows = "BLOCK_N" if op.transposed else "BLOCK_M"
                 cols = "DVP" if op.v in ("do", "o") else "DP"
+                rows, cols = (cols, rows) if _holds_transpose(op) else (rows, cols)
                 pre.append(f"{self.var(op.acc)} = tl.zeros([{rows}, {cols}], tl.float32)")
         inits = pre if group else []   # a grouped program's accumulators sum over the whole group
         if group:
@@ -434,7 +439,11 @@ class _Kernel:
             loop.append(f"valid = ({ROW} < M) & col_ok")
         for op in prog.body:
             self.op(op, loop)
-        post: list = []
+        post: list = [f"{self.var(op.acc)} = tl.trans({self.var(op.acc)})" for op in prog.body
+                      if isinstance(op, ir.Accumulate) and _holds_transpose(op)]
+        for op in prog.body:   # read after the loop as the finished accumulator
+            if isinstance(op, ir.Accumulate) and _holds_transpose(op):
+                self.values[op.acc] = (self.var(op.acc), None)
         if prog.loop == "key" and "m" in self.values:
             self.values["m"] = ("m", None)   # the finished maximum
         for op in (*prog.epilogue, *prog.stores):
@@ -469,6 +478,15 @@ class _Kernel:
         return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
                               full_tiles=full is not None, input_grads=tuple(self.input_grads),
                               statistics=statistics, group=group)
+
+
+def _holds_transpose(op: ir.Accumulate) -> bool:
+    """Does the accumulator of ``acc += pᵀ · v`` hold its transpose, ``accᵀ += vᵀ · p``, transposed
+    once after the loop? Triton 3.4–3.7.0 on Hopper miscompiles a dot whose operand is the
+    transpose of a computed tile: dK = Σ dSᵀ·Q came out 20× eager's error (0.11 against 0.0054, bf16,
+    M 130, N 520, head dim 128, an H100 with Triton 3.6), nondeterministically, while dV was right;
+    the transposes of loaded tiles (Qᵀ, dOᵀ) are read from shared memory as they are."""
+    return op.transposed and not op.fresh
 
 
 def _from_indices(node: fx.Node, kinds: dict) -> bool:
