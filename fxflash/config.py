@@ -46,6 +46,11 @@ class Config:
                      it reads (``KernelPlan.training``), and in 16 bits O in fp32 for its Δ;
                      ``FXFLASH_FORWARD_STATISTICS=0`` runs the inference forward and leaves them
                      to the backward's own kernels (A/B).
+    fp32_o:          in fp16 and bf16, the training forward stores O in fp32 for the backward's
+                     Δ = rowsum(dO ⊙ O), held until the backward (4 bytes per output element);
+                     ``FXFLASH_FP32_O=0`` stores none, and the backward sums Δ over the keys in a
+                     pass of its own (``exact_delta``): the memory of the 16-bit output alone,
+                     the training step 18–23 % slower on an H100 (benchmarks/NOTES.md).
     dq_atomics:      how the fused backward computes dQ: "auto" lets the GPU tuner choose between
                      a dQ kernel of its own (deterministic) and dK·dV's kernel adding each key
                      tile's share of dQ by fp32 atomics (FlashAttention-2's split: P and dP
@@ -155,6 +160,7 @@ class Config:
     time_eager: bool = os.environ.get("FXFLASH_TIME_EAGER", "1") != "0"
     fused_backward: bool = os.environ.get("FXFLASH_FUSED_BACKWARD", "1") != "0"
     forward_statistics: bool = os.environ.get("FXFLASH_FORWARD_STATISTICS", "1") != "0"
+    fp32_o: bool = os.environ.get("FXFLASH_FP32_O", "1") != "0"
     dq_atomics: str = os.environ.get("FXFLASH_DQ_ATOMICS", "auto")
     exact_delta: bool = os.environ.get("FXFLASH_EXACT_DELTA", "1") != "0"
     progress: bool = os.environ.get("FXFLASH_PROGRESS", "1") != "0"
@@ -225,6 +231,7 @@ class KernelOptions:
     gluon_tma_tiles: bool
     gluon_tma_key_vectors: bool
     gluon_tma_store: bool
+    fp32_o: bool
     interpreter: bool = False  # the kernels run in Triton's interpreter (``interpreting()``)
 
 

@@ -234,23 +234,26 @@ def test_16_bit_gradients_the_random_programs_found_wrong(found):
                               wrt=tuple(i for i, a in enumerate(args) if a.is_floating_point()))
 
 
-@pytest.mark.parametrize("stored,exact", [(True, True), (False, True), (False, False)],
-                         ids=["o_in_fp32", "exact_delta", "flash_delta"])
-def test_16_bit_rows_a_few_keys_dominate_take_delta_from_o_in_fp32(stored, exact, monkeypatch):
+@pytest.mark.parametrize("statistics,fp32_o,exact", [(True, True, True), (True, False, True), (False, True, True),
+                                                     (False, True, False)],
+                         ids=["o_in_fp32", "no_fp32_o", "exact_delta", "flash_delta"])
+def test_16_bit_rows_a_few_keys_dominate_take_delta_from_o_in_fp32(statistics, fp32_o, exact, monkeypatch):
     """Δ = rowsum(dO ⊙ O) from the bf16 O is off by O's rounding, which such rows weigh into dQ and
     dK (0.09 against eager's 7·10⁻⁶ here) and into a temperature's gradient by its rows' mean
     scores. The training forward stores O in fp32, and Δ from it is within eager's error. Without
-    it (``forward_statistics`` off), Δ is summed as Σ P·dP over the keys (config.exact_delta),
-    every dS row summing to 0; with that setting off too, Q, K and V take FlashAttention's Δ, and a
-    score input's gradient keeps the summed one."""
+    it (``fp32_o`` or ``forward_statistics`` off), Δ is summed as Σ P·dP over the keys
+    (config.exact_delta), every dS row summing to 0; with that setting off too, Q, K and V take
+    FlashAttention's Δ, and a score input's gradient keeps the summed one."""
     import fxflash.runtime.backward as backward
 
     launched = []
     runner = backward._runner
     monkeypatch.setattr(backward, "_runner", lambda plan, kernel, *a, **k: launched.append(kernel.name.split("_bwd_")[1])
                         or runner(plan, kernel, *a, **k))
-    monkeypatch.setattr(fxflash.config, "forward_statistics", stored)
+    monkeypatch.setattr(fxflash.config, "forward_statistics", statistics)
+    monkeypatch.setattr(fxflash.config, "fp32_o", fp32_o)
     monkeypatch.setattr(fxflash.config, "exact_delta", exact)
+    stored = statistics and fp32_o
     for seed in (2, 3, 6):   # each outside the bound with Δ from the bf16 O
         args = _peaked(seed)
         assert _fused_backward_of(_unscaled, *args) == ["fused"]
@@ -265,14 +268,17 @@ def test_16_bit_rows_a_few_keys_dominate_take_delta_from_o_in_fp32(stored, exact
     assert launched[-3:] == ["delta" if stored else "exact_delta", "dkdv", "dq"]
 
 
-@pytest.mark.parametrize("dtype,stored", [(torch.bfloat16, ("m", "inv_l", "o")), (torch.float32, ("m", "inv_l"))],
-                         ids=str)
-def test_a_16_bit_training_forward_stores_o_in_fp32(dtype, stored):
+@pytest.mark.parametrize("dtype,fp32_o,stored", [(torch.bfloat16, True, ("m", "inv_l", "o")),
+                                                 (torch.bfloat16, False, ("m", "inv_l")),
+                                                 (torch.float32, True, ("m", "inv_l"))], ids=str)
+def test_a_16_bit_training_forward_stores_o_in_fp32(dtype, fp32_o, stored, monkeypatch):
     """What a region's training forward stores after its output, all in fp32: m and 1/l, and O
-    where the output is 16-bit."""
+    where the output is 16-bit (and ``fp32_o`` on)."""
+    monkeypatch.setattr(fxflash.config, "fp32_o", fp32_o)
     before = set(op._REGISTRY)
     args = [t.requires_grad_() for t in VARIANTS["causal"].inputs(SHAPE, dtype)]
-    fxflash.optimize(VARIANTS["causal"].fn)(*args).sum().backward()
+    fast = fxflash.optimize(VARIANTS["causal"].fn)   # held: its regions leave the registry with it
+    fast(*args).sum().backward()
     (entry,) = [op._REGISTRY[key] for key in set(op._REGISTRY) - before]
     training = entry.plan.training
     assert training.training_outputs == stored and training.side_dtypes == (torch.float32,) * len(stored)

@@ -248,7 +248,10 @@ def test_random_program_gradients_match_eager(spec):
     for region in report.regions:
         event(f"backward: {region.backward.split(':')[0]}" if region.fused else "not fused")
     wrt = tuple(i for i, a in enumerate(args) if a.is_floating_point())
-    assert_gradients_accurate(program, fxflash.optimize(program), args, wrt)
+    # a row one key takes whole under scores times 10⁴: eager's dS is exactly 0 (P one-hot, dP − Σ
+    # P·dP cancels), the kernel's is dP's rounding against Δ's times 10⁴ (FlashAttention's too)
+    amplification = math.prod(max(1.0, abs(op[1])) for op in spec["ops"] if op[0] in ("scale", "inplace_scale"))
+    assert_gradients_accurate(program, fxflash.optimize(program), args, wrt, amplification)
 
 
 # test_most_drawn_programs_fuse reads what test_random_program_matches_eager drew: in one part of

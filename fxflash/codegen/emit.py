@@ -855,12 +855,13 @@ class _Printer:
         then ``o``, O = P·V before the ops after it: where ops follow P·V, in its own dtype, and in
         fp32 wherever O is 16-bit and the backward takes each row's Δ = rowsum(dO ⊙ O) from it.
         Rounded to 16 bits, O leaves each dS row summing to dO·(O's rounding) instead of 0, which
-        dQ weighs by the row's keys: far outside eager's error on rows a few keys dominate."""
+        dQ weighs by the row's keys: far outside eager's error on rows a few keys dominate; with
+        ``fp32_o`` off, the backward sums Δ over the keys instead."""
         if self.statistics is None:
             return ()
         r = self.r
         o = attention_output(r).meta["val"].dtype
-        wide = bool(self.statistics) and o in (torch.float16, torch.bfloat16)
+        wide = bool(self.statistics) and o in (torch.float16, torch.bfloat16) and self.options.fp32_o
         return ((("m", torch.float32), ("inv_l", torch.float32)) if self.statistics else ()) + (
             (("o", torch.float32 if wide else o),) if r.output_ops or wide else ())
 
