@@ -439,10 +439,10 @@ class _Kernel:
             loop.append(f"valid = ({ROW} < M) & col_ok")
         for op in prog.body:
             self.op(op, loop)
-        post: list = [f"{self.var(op.acc)} = tl.trans({self.var(op.acc)})" for op in prog.body
-                      if isinstance(op, ir.Accumulate) and _holds_transpose(op)]
-        for op in prog.body:   # read after the loop as the finished accumulator
+        post: list = []
+        for op in prog.body:   # a transposed accumulator, transposed back once after the loop
             if isinstance(op, ir.Accumulate) and _holds_transpose(op):
+                post.append(f"{self.var(op.acc)} = tl.trans({self.var(op.acc)})")
                 self.values[op.acc] = (self.var(op.acc), None)
         if prog.loop == "key" and "m" in self.values:
             self.values["m"] = ("m", None)   # the finished maximum
