@@ -50,7 +50,8 @@ class Config:
                      Δ = rowsum(dO ⊙ O), held until the backward (4 bytes per output element);
                      ``FXFLASH_FP32_O=0`` stores none, and the backward sums Δ over the keys in a
                      pass of its own (``exact_delta``): the memory of the 16-bit output alone,
-                     the training step 18–23 % slower on an H100 (benchmarks/NOTES.md).
+                     the training step 18–23 % slower on an H100 (benchmarks/NOTES.md); the
+                     training forward then runs its Triton kernel (the Gluon one stores O).
     dq_atomics:      how the fused backward computes dQ: "auto" lets the GPU tuner choose between
                      a dQ kernel of its own (deterministic) and dK·dV's kernel adding each key
                      tile's share of dQ by fp32 atomics (FlashAttention-2's split: P and dP
