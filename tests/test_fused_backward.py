@@ -394,8 +394,8 @@ def test_no_dot_reads_the_transpose_of_a_computed_tile(name):
     plan = emit_kernel(region, kinds, options=dataclasses.replace(kernel_options(), interpreter=False))
     source = emit_backward(region, kinds, plan, PRINTERS).source
     loaded = set(re.findall(r"^\s*(\w+) = tl\.load\(", source, re.M))
-    transposed = {name for line in source.splitlines() if "tl.dot(" in line
-                  for name in re.findall(r"tl\.trans\((\w+)\)", line)}
+    transposed = {tile for line in source.splitlines() if "tl.dot(" in line
+                  for tile in re.findall(r"tl\.trans\((\w+)\)", line)}
     assert "dk_acc = tl.trans(dk_acc)" in source and transposed and transposed <= loaded, transposed - loaded
 
 
