@@ -21,17 +21,7 @@ from fxflash.runtime import backward
 from fxflash.variants import VARIANTS, Shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers import max_error, to_float64  # noqa: E402
-
-
-def gradients(fn, args, grad=None):
-    """fn's output and the gradients of its first three inputs, for ``grad`` (a fixed draw if None)."""
-    leaves = [a.detach().clone().requires_grad_(i < 3) for i, a in enumerate(args)]
-    out = fn(*leaves)
-    if grad is None:
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out)
-    out.backward(grad.to(out.dtype))
-    return [out, *(leaf.grad for leaf in leaves[:3])], grad
+from helpers import gradients, max_error, to_float64  # noqa: E402
 
 
 def main() -> None:
@@ -49,9 +39,13 @@ def main() -> None:
     variant = VARIANTS[a.variant]
     shape = Shape(B=1, H=4, Hkv=2 if a.variant == "gqa_expand" else 4, M=m, N=n, D=d, Dv=d)
     args = variant.inputs(shape, torch.bfloat16 if cuda else torch.float32, "cuda" if cuda else "cpu")
-    fused, grad = gradients(fxflash.optimize(variant.fn, inner="eager"), args)
-    eager, _ = gradients(variant.fn, args, grad)
-    exact, _ = gradients(variant.fn, to_float64(args), grad)
+    def results(fn, args, grad=None):   # the output, dQ, dK and dV; the incoming gradient
+        out, grads, grad = gradients(fn, args, (0, 1, 2), grad)
+        return [out, *grads], grad
+
+    fused, grad = results(fxflash.optimize(variant.fn, inner="eager"), args)
+    eager, _ = results(variant.fn, args, grad)
+    exact, _ = results(variant.fn, to_float64(args), grad)
     print(f"{a.variant} {m}×{n}×{d}" + (f" tiles {a.tiles[0]},{a.tiles[1]}" if a.tiles else "") + ": " + "  ".join(
         f"{name} {max_error(f, x):.3g}/{max_error(e, x):.3g}"
         for name, f, e, x in zip(("out", "dq", "dk", "dv"), fused, eager, exact)))

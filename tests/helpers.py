@@ -141,6 +141,19 @@ def assert_accurate(fn, args, out):
     return fused_err, eager_err
 
 
+def gradients(fn, args, wrt, grad=None) -> tuple:
+    """(``fn(*args)``, the gradients of ``args[i]`` for i in ``wrt``, the incoming gradient): ``grad``,
+    or where None a unit normal draw of seed 0, the same on every run."""
+    leaves = [x.detach().clone().requires_grad_(i in wrt) if isinstance(x, torch.Tensor) else x
+              for i, x in enumerate(args)]
+    out = fn(*leaves)
+    if grad is None:
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out)
+    grad = grad.to(out.dtype)
+    out.backward(grad)
+    return out, [leaves[i].grad for i in wrt], grad
+
+
 def assert_gradients_accurate(fn, fast, args, wrt, amplification: float = 1.0) -> list:
     """The gradients ``fast`` (fn optimized) gives the inputs ``args[i]`` for i in ``wrt`` are
     within ERROR_FACTOR × eager's own error against float64 autograd, by assert_accurate's rules
@@ -148,19 +161,9 @@ def assert_gradients_accurate(fn, fast, args, wrt, amplification: float = 1.0) -
     ``amplification`` multiplies the dtype's floor: the factor by which ``fn`` scales its scores,
     and with them the rounding of ``dP − Δ`` into dQ and dK, where eager's own error can be 0 by
     exact cancellation (a row one key takes whole). Returns [(fused error, eager error)] per input."""
-    def grads(f, xs, grad=None):
-        leaves = [x.detach().clone().requires_grad_(i in wrt) if isinstance(x, torch.Tensor) else x
-                  for i, x in enumerate(xs)]
-        out = f(*leaves)
-        if grad is None:   # the same incoming gradient on every run
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out)
-        grad = grad.to(out.dtype)
-        out.backward(grad)
-        return [leaves[i].grad for i in wrt], grad
-
-    fused, grad = grads(fast, args)
-    eager, _ = grads(fn, args, grad)
-    ref, _ = grads(fn, to_float64(args), grad)
+    _, fused, grad = gradients(fast, args, wrt)
+    _, eager, _ = gradients(fn, args, wrt, grad)
+    _, ref, _ = gradients(fn, to_float64(args), wrt, grad)
     errors = []
     for got, own, want in zip(fused, eager, ref):
         assert got.shape == want.shape and got.dtype == own.dtype
