@@ -525,6 +525,35 @@ def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
     assert_gradients_accurate(padded, fxflash.optimize(padded), (q, k, v, keep), wrt=(0, 1, 2))
 
 
+def _filled_then_biased(q, k, v, keep, bias):
+    s = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~keep, torch.finfo(q.dtype).max) + bias
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["forward_statistics", "backward_statistics"])
+def test_16_bit_rows_the_forward_repaired_take_eagers_rounding_in_the_backward(statistics, monkeypatch):
+    """fp16 keys filled with 65504, then a bias: eager rounds each ``65504 + b`` to 65504, so those
+    keys share the row equally; fp32 keeps them apart (dV 1.3 off float64's, eager 4·10⁻⁴). The
+    forward's repair kernel computes such rows (maximum past 2¹⁴) in eager's rounding and marks
+    them; without forward statistics the backward's statistics kernel marks them by the same
+    bound. The backward then takes their score chain in eager's rounding (codegen/backward.py,
+    held_block), and a second backward of the same forward reads the marks again."""
+    monkeypatch.setattr(fxflash.config, "forward_statistics", statistics)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g).half() for n in (24, 40, 40))
+    keep = torch.rand(1, 1, 24, 40, generator=g) > 0.4
+    bias = torch.randn(1, 1, 1, 40, generator=g).half()
+    args = (q, k, v, keep, bias)
+    assert _fused_backward_of(_filled_then_biased, *args) == ["fused"]
+    fast = fxflash.optimize(_filled_then_biased)
+    assert_gradients_accurate(_filled_then_biased, fast, args, wrt=(0, 1, 2, 4))
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = fast(*leaves)
+    first = torch.autograd.grad(out, leaves[2], torch.ones_like(out), retain_graph=True)[0]
+    second = torch.autograd.grad(out, leaves[2], torch.ones_like(out))[0]
+    assert torch.equal(first, second)
+
+
 @pytest.mark.parametrize("name", ["biased", "gqa_expand"])
 def test_sizes_past_the_kernels_int32_indices_recompute_inside_the_backward_op(name, monkeypatch):
     """Where the kernels' int32 index arithmetic could overflow, fxflash::region_backward gives the

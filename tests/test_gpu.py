@@ -96,6 +96,27 @@ def test_gradients_of_a_bias_and_of_padded_rows_on_gpu():
 
 
 @pytest.mark.parametrize("atomics", ["0", "1"])
+@pytest.mark.parametrize("statistics", [True, False], ids=["forward_statistics", "backward_statistics"])
+def test_16_bit_rows_the_forward_repaired_take_eagers_rounding_on_gpu(statistics, atomics, monkeypatch):
+    """fp16 keys filled with 65504 then biased, which eager's rounding makes equal: the rows the
+    forward repaired (or the backward's statistics kernel marked) take their chain in eager's
+    rounding in every backward kernel, over several row and key tiles."""
+    from test_fused_backward import _filled_then_biased
+
+    monkeypatch.setattr(fxflash.config, "forward_statistics", statistics)
+    monkeypatch.setattr(fxflash.config, "dq_atomics", atomics)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 64, generator=g).half().cuda() for n in (130, 520, 520))
+    keep = (torch.rand(2, 1, 130, 520, generator=g) > 0.4).cuda()
+    keep[0] = True           # heads with no marked row,
+    keep[1, :, :40] = True   # and row tiles with none beside those with some
+    bias = torch.randn(1, 1, 1, 520, generator=g).half().cuda()
+    args = (q, k, v, keep, bias)
+    fast = fxflash.optimize(_filled_then_biased, inner="eager")
+    assert_gradients_accurate(_filled_then_biased, fast, args, wrt=(0, 1, 2, 4))
+
+
+@pytest.mark.parametrize("atomics", ["0", "1"])
 def test_16_bit_rows_a_few_keys_dominate_on_gpu(atomics, monkeypatch):
     """bf16 rows a few keys dominate: dQ and dK, and a temperature's gradient, from Δ taken from
     the forward's fp32 O within eager's error, dQ by its own kernel or by atomics."""

@@ -32,7 +32,8 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
-from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, Value,
+from ..patterns.rules import LN2
+from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, SATURATION_LOG2, Value,
                    _Printer, _dot, _scaled, full_run_chunk, full_run_finish, module_source)
 from .intervals import IntervalPrinter, NoInterval
 from .backward_plan import BackwardKernel, BackwardPlan
@@ -84,8 +85,11 @@ class _ValuePrinter(_Printer):
 class _Kernel:
     """Prints one tile program as one ``@triton.jit`` function."""
 
-    def __init__(self, region, kinds, options, program: ir.TileProgram):
+    def __init__(self, region, kinds, options, program: ir.TileProgram, held: bool = False):
         self.r, self.program = region, program
+        self.held = held          # rows the forward computed in eager's 16-bit rounding take the chain so (held_block)
+        self.chain_ops: list = []  # the score chain's ops in the loop, in order, and where the last one ends
+        self.chain_end = None
         self.vp = _ValuePrinter(region, program.name, dataclasses.replace(options, **EXACT_FORMS))
         self.vp.begin(kinds)
         self.nodes = {n.name: n for n in region.frame.graph.nodes}
@@ -187,6 +191,7 @@ class _Kernel:
             self.values[op.name] = (self.var(op.name), None)
             if op.name == self.r.frame.name:
                 vp.vars[self.r.frame] = Value(self.var(op.name), True)
+                self.chain_op(op, out)
         elif isinstance(op, ir.Map) and op.form == "binds":   # a region node's value, the program's
             self.map(op, out)
             vp.vars[self.nodes[op.name]] = Value(self.values[op.name][0], False)
@@ -195,8 +200,14 @@ class _Kernel:
             if node.target in _VIEWS and node.args[0] in vp.vars:   # a view in the score frame
                 vp.vars[node] = vp.vars[node.args[0]]
             else:
-                vp.vars[node] = vp.apply(node, [vp.arg(a, vp.node_idx(node)) for a in node.args])
+                value = vp.apply(node, [vp.arg(a, vp.node_idx(node)) for a in node.args])
+                if self.held and not value.code.isidentifier() and not value.is_literal:
+                    # a variable the held block can select into
+                    out.append(f"{self.var(op.name)} = {value.code}")
+                    value = dataclasses.replace(value, code=self.var(op.name))
+                vp.vars[node] = value
             self.values[op.name] = (vp.vars[node].code, None)
+            self.chain_op(op, out)
         elif isinstance(op, ir.Map) and op.name in self.nodes and self.nodes[op.name].op == "call_function":
             return  # a value from outside the region that the kernel computes: printed where read
         elif isinstance(op, ir.Map):
@@ -267,6 +278,14 @@ class _Kernel:
         tile, cols = _OWN[own]
         ptr = self.own_param(own)
         value = self.ref(op.value)
+        if cols is None and own == "m" and self.held:
+            # computed here from the fp32 chain, a row whose maximum leaves the forward's multiply-add
+            # range is marked (+inf) as the forward's repair kernel marks it; the REPAIRED_ONLY launch
+            # then computes it in eager's rounding (held_block)
+            bound = SATURATION_LOG2[self.r.q.math_dtype] * LN2
+            out += [f"m_out = {value}", "if not REPAIRED_ONLY:",
+                    f"    m_out = tl.where(~(tl.abs(m_out) < {bound!r}), float('inf'), m_out)"]
+            value = "m_out"
         if cols is None:
             out.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, {value}, mask={ROW} < M)")
             return
@@ -379,6 +398,44 @@ class _Kernel:
         body[self.valid_at] = f"valid = {ROW} < M" if over_keys else "valid = col_ok"
         return body
 
+    def chain_op(self, op, out: list) -> None:
+        """Record a score-chain op printed into ``out`` (held_block prints the chain again)."""
+        self.chain_ops.append(op)
+        self.chain_end = (out, len(out))
+
+    def held_block(self) -> list[str]:
+        """The score chain printed again as eager holds it (each 16-bit value rounded to its dtype,
+        ``_Printer.held``, as the forward's repair kernel computes), then each chain value selected
+        from it on the rows ``held_row`` marks: a row the forward's repair kernel computed so (its
+        maximum past the multiply-add form's range, ``emit.SATURATION_LOG2``) takes P from eager's
+        rounding, where ``65504 + b`` is 65504 and fp32 would keep the keys apart. Printed on the
+        value printer with its state restored after, so that what it placed inside the block (run
+        only for heads that hold such a row) is not read outside it."""
+        vp = self.vp
+        saved = (dict(vp.vars), dict(vp.memo), {k: set(v) for k, v in vp.mask_conds.items()}, dict(vp.defined))
+        lines: list = []
+        vp.target, vp.two_pass = lines, True
+        try:
+            for op in self.chain_ops:
+                if isinstance(op, ir.Dot):   # the scores, rounded to their dtype as eager's matmul leaves them
+                    vp.vars[self.r.frame] = vp.place(vp.held(self.var(op.name), self.r.frame), True, "h")
+                    continue
+                node = self.nodes[op.name]
+                if node.target in _VIEWS and node.args[0] in vp.vars:
+                    vp.vars[node] = vp.vars[node.args[0]]
+                else:
+                    vp.vars[node] = vp.apply(node, [vp.arg(a, vp.node_idx(node)) for a in node.args])
+            held = {node: vp.vars[node].code for node in saved[0]}
+        finally:
+            vp.two_pass = False
+            vp.vars, vp.memo, vp.mask_conds, vp.defined = saved
+        for op in self.chain_ops:
+            node = self.nodes.get(op.name)
+            code = vp.vars[node].code if node in vp.vars else None
+            if code is not None and code.isidentifier() and held[node] != code:
+                lines.append(f"{code} = tl.where(held_row, {held[node]}, {code})")
+        return lines
+
     # -- the function --------------------------------------------------------------------
     def print(self, out_dtype) -> BackwardKernel:
         prog, vp = self.program, self.vp
@@ -412,9 +469,16 @@ class _Kernel:
             # marked (m = +inf: emit's statistics) compute theirs; the others keep the forward's
             head += ["if REPAIRED_ONLY:",
                      f"    marked = tl.load(m_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)",
-                     "    if tl.max((marked == float('inf')).to(tl.int32)) == 0:",
-                     "        return"]
+                     "    held_row = marked == float('inf')",
+                     *([f"    tl.store(held_ptr + lin.to(tl.int64) * M + {ROW}, held_row.to(tl.int8), mask={ROW} < M)"]
+                       if self.held else []),
+                     "    if tl.max(held_row.to(tl.int32)) == 0:",
+                     "        return",
+                     *(["    tl.store(held_heads_ptr + lin, 1)"] if self.held else [])]
             self.own_param("m")
+            if self.held:
+                self.own_param("held")
+                self.own_param("held_heads")
         for op in prog.body:
             if isinstance(op, ir.RowReduce):
                 pre.append(f"{self.var(op.name)} = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)"
@@ -439,6 +503,12 @@ class _Kernel:
             loop.append(f"valid = ({ROW} < M) & col_ok")
         for op in prog.body:
             self.op(op, loop)
+        held = self.held and prog.loop and self.chain_end is not None and self.chain_end[0] is loop
+        if held and not statistics:   # the heads and rows the statistics kernel marked (held_block)
+            self.own_param("held")
+            pre.append(f"head_held = tl.load({self.own_param('held_heads')} + lin) != 0")
+            if prog.per == "row":
+                pre.append(f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0) != 0")
         post: list = []
         for op in prog.body:   # a transposed accumulator, transposed back once after the loop
             if isinstance(op, ir.Accumulate) and _holds_transpose(op):
@@ -454,6 +524,15 @@ class _Kernel:
         if prog.loop:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
             full = self.full_loop(loop, prog.loop == "key") if ranged else None
+            if held:   # after the chain's last op, in every copy of the loop's body
+                block = self.held_block()
+                if prog.per == "key":
+                    block.insert(0, f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, "
+                                    "other=0) != 0")
+                guard = "if REPAIRED_ONLY:" if statistics else "if head_held:"
+                at = self.chain_end[1]
+                for lines in (loop, full) if full is not None else (loop,):
+                    lines[at:at] = [guard, *("    " + line for line in block)]
             if full is None:   # [lo_t, hi_t), or every tile
                 runs = [((f"lo_t * {step}", f"hi_t * {step}") if ranged else ("0", stop), loop)]
             else:              # masked, full (masks folded), masked
@@ -511,11 +590,13 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     grouped = () if axis is None else tuple(dataclasses.replace(p, name=f"{p.name}_grouped", group=True)
                                             for p in (deterministic[-2], atomics))
     options = plan.options
+    # 16-bit scores under a softmax: rows the forward computed in eager's rounding take it here too
+    held = bool(statistics) and r.q.math_dtype in SATURATION_LOG2
     kernels, lines, bound, slot_values, helpers = [], [], (0, 0), [], set()
     out_dtype = attention_output(r).meta["val"].dtype
     exact = () if exact_delta is None else (exact_delta,)
     for program in (*programs, atomics, *grouped, *exact):
-        printer = _Kernel(r, kinds, options, program)
+        printer = _Kernel(r, kinds, options, program, held)
         kernel = printer.print(out_dtype)
         vp = printer.vp
         if not (all(n in plan.input_nodes for n in vp.inputs) and all(n in plan.sym_nodes for n in vp.sym_nodes)):
@@ -550,7 +631,7 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
                         o_dtype=out_dtype, ops_after_pv=bool(r.output_ops),
                         slot_values=tuple(slot_values), atomics=atomic_kernel,
                         grouped=tuple(grouped_kernels), grouped_programs=grouped, group_axis=axis,
-                        exact_delta=exact_kernel, exact_delta_program=exact_delta)
+                        exact_delta=exact_kernel, exact_delta_program=exact_delta, held=held)
 
 
 def group_axis(r) -> int | None:

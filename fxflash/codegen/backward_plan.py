@@ -68,6 +68,8 @@ class BackwardPlan:
     exact_delta: BackwardKernel | None = None  # replaces Δ's kernel in 16 bits (config.exact_delta):
                                                # Σ P·dP over the keys (tile.backward._exact_delta)
     exact_delta_program: object = None          # its tile program
+    held: bool = False   # the statistics kernel's REPAIRED_ONLY launch marks the rows (``held``, int8 per row)
+                         # and heads (``held_heads``, zeroed) whose chain the kernels take in eager's rounding
 
 
 def backward_tiles(d: int, dv: int, per: str) -> list:

@@ -200,6 +200,15 @@ def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: 
         kernels, repaired = kernels[1:], entry.plan.training.repair_args is not None
     else:
         own["m"], own["inv_l"] = torch.empty(batch, m, **f32), torch.empty(batch, m, **f32)
+    if plan.held:
+        # the marked rows (the forward's repair kernel's, or the statistics kernel's here) are found
+        # and computed in eager's rounding by the REPAIRED_ONLY launch, after every forward; it
+        # overwrites their marks, so a second backward of the same forward reads copies
+        own.update(held=torch.empty(batch, m, device=device, dtype=torch.int8),
+                   held_heads=torch.zeros(batch, device=device, dtype=torch.int32))
+        if "m" in named:
+            own["m"], own["inv_l"] = own["m"].clone(), own["inv_l"].clone()
+        repaired = True
     # every tile the loops skip holds a zero gradient; a 1-element stand-in where none is asked for.
     # A loaded input's gradient is added into a zeroed fp32 tensor of its own shape where atomics are
     # allowed (``dga<j>``, _added_gradients), instead of a [B·H, M, N] tile per batch item summed after
@@ -218,9 +227,11 @@ def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: 
                 step(own, inputs, frame, symints)
         else:
             steps = []
+            *first, dkdv, dq = kernels
+            if first and first[0].statistics:   # every row's statistics, before the marked rows' again
+                _launch(plan, first.pop(0), own, inputs, frame, symints, input_grads, record=steps)
             if repaired:
                 _launch(plan, plan.kernels[0], own, inputs, frame, symints, repaired_only=True, record=steps)
-            *first, dkdv, dq = kernels
             for kernel in first:
                 _launch(plan, kernel, own, inputs, frame, symints, input_grads, record=steps)
             _launch_key_kernels(plan, dkdv, dq, atomics, own, inputs, frame, symints, input_grads, record=steps,
@@ -293,6 +304,9 @@ def row_statistics(entry, inputs: list, frame: list, extras: list, symints=()) -
     frame = [int(s) for s in frame]
     f32 = dict(device=inputs[0].device, dtype=torch.float32)
     own = {"m": torch.empty(frame[:-1], **f32), "inv_l": torch.empty(frame[:-1], **f32)}
+    if plan.held:   # written only by the REPAIRED_ONLY launch, which the backward makes
+        own.update(held=torch.empty(1, device=inputs[0].device, dtype=torch.int8),
+                   held_heads=torch.empty(1, device=inputs[0].device, dtype=torch.int32))
     if _kernels_fit(plan, frame):
         with _on(inputs[0].device):
             _launch(plan, plan.kernels[0], own, inputs, frame, symints)
