@@ -21,7 +21,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import fxflash
