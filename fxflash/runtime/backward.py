@@ -184,12 +184,14 @@ def _fused_gradients(entry, inputs: list, bases: list, out: torch.Tensor, grad: 
            "dq": torch.empty(batch, m, plan.d, **like["dq"]), "dk": torch.empty(heads, n, plan.d, **like["dk"]),
            "dv": torch.empty(heads, n, plan.dv, **like["dv"])}
     kernels, atomics = plan.kernels, plan.atomics
-    if (plan.exact_delta is not None and o.dtype in (torch.float16, torch.bfloat16)
-            and (input_grads or config.exact_delta)):
-        # no fp32 O (a training forward that ran the region's own ops, or none): Δ as Σ P·dP over
-        # the keys (config.exact_delta). rowsum(dO ⊙ O) from the 16-bit O would leave each dS row's
-        # sum off by O's rounding, weighted into dQ by the row's mean key and into a temperature's
-        # gradient by its mean score
+    if plan.exact_delta is not None and (input_grads or (o.dtype in (torch.float16, torch.bfloat16)
+                                                         and config.exact_delta)):
+        # Δ as Σ P·dP over the keys (config.exact_delta) where there is no fp32 O (a training
+        # forward that ran the region's own ops, or none), and for a score input's gradient.
+        # rowsum(dO ⊙ O) leaves each dS row's sum off by O's rounding (16-bit O), or by the fp32
+        # rounding of the two sums, weighted into dQ by the row's mean key and into a score
+        # input's gradient by its mean score: a temperature's 4× eager's error in fp32 where a
+        # distance bias makes the scores large
         kernels = (*kernels[:-3], plan.exact_delta, *kernels[-2:])
     if group:   # dK·dV's kernel and the atomic one per key tile of a K/V head
         kernels, atomics = (*kernels[:-2], plan.grouped[0], kernels[-1]), plan.grouped[1]
