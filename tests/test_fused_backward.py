@@ -220,6 +220,11 @@ FOUND = {
     "quiet_softmax_temperatures": dict(B=2, Hkv=2, group=1, M=1, N=17, D=1, Dv=1, gqa="repeat_interleave",
                                        ops=[("temperature", 0.7), ("temperature", 0.7), ("scale", 2.0)],
                                        norm="softmax_one", dtype=torch.bfloat16),
+    # fp16 scores under the quiet softmax with a (1 − m)·65504 mask: the rows the statistics kernel
+    # marks take the loop's chain in eager's rounding, not the epilogue's row values (held_block)
+    "quiet_softmax_over_an_extreme_mask": dict(B=1, Hkv=1, group=2, M=1, N=17, D=1, Dv=1, gqa="repeat_interleave",
+                                               ops=[("extreme_mask", [False, False, False, True], 1e30)],
+                                               norm="softmax_one", dtype=torch.float16),
     # fp32 scores that a distance bias makes large: the temperature's gradient 4× eager's error
     # with Δ from O (its fp32 rounding weighted by each row's mean score), within it summed over
     # the keys

@@ -410,7 +410,8 @@ class _Kernel:
         maximum past the multiply-add form's range, ``emit.SATURATION_LOG2``) takes P from eager's
         rounding, where ``65504 + b`` is 65504 and fp32 would keep the keys apart. Printed on the
         value printer with its state restored after, so that what it placed inside the block (run
-        only for heads that hold such a row) is not read outside it."""
+        only for heads that hold such a row) is not read outside it. A value from outside the
+        region (a bias, one the kernel computes) is read as the loop read it."""
         vp = self.vp
         saved = (dict(vp.vars), dict(vp.memo), {k: set(v) for k, v in vp.mask_conds.items()}, dict(vp.defined))
         lines: list = []
@@ -501,9 +502,12 @@ class _Kernel:
         if prog.loop:
             self.valid_at = len(loop)   # the line full_loop prints again
             loop.append(f"valid = ({ROW} < M) & col_ok")
+        self.chain_ops, self.chain_end = [], None   # the chain's ops in the loop (not the prologue's, the epilogue's)
         for op in prog.body:
             self.op(op, loop)
         held = self.held and prog.loop and self.chain_end is not None and self.chain_end[0] is loop
+        if held:
+            block, at = self.held_block(), self.chain_end[1]
         if held and not statistics:   # the heads and rows the statistics kernel marked (held_block)
             self.own_param("held")
             pre.append(f"head_held = tl.load({self.own_param('held_heads')} + lin) != 0")
@@ -525,12 +529,10 @@ class _Kernel:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
             full = self.full_loop(loop, prog.loop == "key") if ranged else None
             if held:   # after the chain's last op, in every copy of the loop's body
-                block = self.held_block()
                 if prog.per == "key":
                     block.insert(0, f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, "
                                     "other=0) != 0")
                 guard = "if REPAIRED_ONLY:" if statistics else "if head_held:"
-                at = self.chain_end[1]
                 for lines in (loop, full) if full is not None else (loop,):
                     lines[at:at] = [guard, *("    " + line for line in block)]
             if full is None:   # [lo_t, hi_t), or every tile
