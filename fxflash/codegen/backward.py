@@ -511,8 +511,6 @@ class _Kernel:
         if held and not statistics:   # the heads and rows the statistics kernel marked (held_block)
             self.own_param("held")
             pre.append(f"head_held = tl.load({self.own_param('held_heads')} + lin) != 0")
-            if prog.per == "row":
-                pre.append(f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0) != 0")
         post: list = []
         for op in prog.body:   # a transposed accumulator, transposed back once after the loop
             if isinstance(op, ir.Accumulate) and _holds_transpose(op):
@@ -528,21 +526,30 @@ class _Kernel:
         if prog.loop:
             start, stop, step = ("start_n", "N", "BLOCK_N") if prog.loop == "key" else ("start_m", "M", "BLOCK_M")
             full = self.full_loop(loop, prog.loop == "key") if ranged else None
-            if held:   # after the chain's last op, in every copy of the loop's body
-                if prog.per == "key":
-                    block.insert(0, f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, "
-                                    "other=0) != 0")
-                guard = "if REPAIRED_ONLY:" if statistics else "if head_held:"
-                for lines in (loop, full) if full is not None else (loop,):
-                    lines[at:at] = [guard, *("    " + line for line in block)]
             if full is None:   # [lo_t, hi_t), or every tile
                 runs = [((f"lo_t * {step}", f"hi_t * {step}") if ranged else ("0", stop), loop)]
             else:              # masked, full (masks folded), masked
                 runs = [((f"lo_t * {step}", f"f_lo * {step}"), loop), ((f"f_lo * {step}", f"f_hi * {step}"), full),
                         ((f"f_hi * {step}", f"hi_t * {step}"), loop)]
-            for (lo, hi), lines in runs:
-                body.append(f"for {start} in range({lo}, {hi}, {step}):")
-                body += ["    " + line for line in lines]
+
+            def loops(block: list | None) -> list[str]:
+                """The loops, ``block`` after the chain's last op in each copy of the body."""
+                lines = []
+                for (lo, hi), run in runs:
+                    run = run if block is None else [*run[:at], *block, *run[at:]]
+                    lines += [f"for {start} in range({lo}, {hi}, {step}):", *("    " + line for line in run)]
+                return lines
+
+            row_flags = f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0) != 0"
+            if held and statistics:   # the REPAIRED_ONLY launch's (a constexpr)
+                body += loops(["if REPAIRED_ONLY:", *("    " + line for line in block)])
+            elif held:   # the loops printed twice: a head with no marked row runs them as they were
+                held_loops = loops([row_flags, *block] if prog.per == "key" else block)
+                body += ["if head_held:", *("    " + line for line in ([] if prog.per == "key" else [row_flags])
+                                                                  + held_loops),
+                         "else:", *("    " + line for line in loops(None))]
+            else:
+                body += loops(None)
         else:
             body += loop
         if group:   # every query head of the group, then the K/V head's own tiles stored
