@@ -27,12 +27,13 @@ def pytest_addoption(parser):
                           "parts as I,J/N (.ci/run spreads the CPU suite over two cores so)")
     parser.addoption("--fusion-off-check", action="store_true",
                      help="with FXFLASH_FUSE=0: a test not marked fusion_independent must fail (it checks the "
-                          "fused path); it is reported failed if it passes and passed if it fails")
+                          "fused path); it is reported failed if it passes and passed if it fails. The tests "
+                          "marked fusion_independent are deselected: the suite runs them as they are")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "fusion_independent: passes whether or not fxflash fuses (capture, "
-                                       "analysis, refusals, tools); --fusion-off-check leaves it as it is")
+                                       "analysis, refusals, tools); --fusion-off-check leaves it out")
     if config.getoption("--fusion-off-check"):
         if os.environ.get("FXFLASH_FUSE") != "0":
             raise pytest.UsageError("--fusion-off-check runs with fusion turned off: set FXFLASH_FUSE=0")
@@ -48,8 +49,7 @@ def pytest_runtest_makereport(item, call):
     """--fusion-off-check: a test that claims the fused path must fail with fusion off."""
     outcome = yield
     report = outcome.get_result()
-    if (not item.config.getoption("--fusion-off-check") or report.when == "teardown" or report.skipped
-            or item.get_closest_marker("fusion_independent")):
+    if not item.config.getoption("--fusion-off-check") or report.when == "teardown" or report.skipped:
         return
     if report.when == "setup":  # a fixture that needs a fused region fails without one: as it should
         if report.failed:
@@ -65,6 +65,9 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--fusion-off-check"):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("fusion_independent")])
+        items[:] = [item for item in items if not item.get_closest_marker("fusion_independent")]
     shard = config.getoption("--shard")
     if shard is None:
         return
