@@ -2,6 +2,10 @@
 softmax of the scores computes dQ, dK and dV with generated kernels, run here in Triton's
 interpreter, as accurate as eager autograd against float64; the rest recompute eagerly and say
 why (RegionReport.backward)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -534,6 +538,21 @@ def test_rows_every_key_masks_with_a_finite_fill_get_eagers_gradients():
     keep = padded_keep(SHAPE.M, SHAPE.N)
     assert _fused_backward_of(padded, q, k, v, keep) == ["fused"]
     assert_gradients_accurate(padded, fxflash.optimize(padded), (q, k, v, keep), wrt=(0, 1, 2))
+
+
+@pytest.mark.fusion_independent
+@pytest.mark.parametrize("name,dtype", [("causal", "float16"), ("gqa_expand", "bfloat16")])
+def test_the_backward_kernels_compile_for_hopper(name, dtype):
+    """Every backward kernel as printed for a GPU, the statistics kernel with and without
+    REPAIRED_ONLY, and the loops printed twice for the rows held in eager's rounding (held_block),
+    compiles for sm_90 with Triton's ptxas, no GPU needed (tests/triton_compile.py --backward)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, os.path.join(here, "triton_compile.py"), name, dtype, "--backward"],
+                          cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for kernel in ("stats", "dkdv", "dq", "dkdvdq", *(("dkdv_grouped",) if name == "gqa_expand" else ())):
+        assert f"compiled fxflash_region_bwd_{kernel} (rows held)" in done.stdout, done.stdout
 
 
 def _filled_then_biased(q, k, v, keep, bias):

@@ -3,10 +3,11 @@ test_fused.py; with TRITON_INTERPRET=0, which ``import fxflash`` leaves as it is
 printing has no GPU helpers, printers.GPU_HELPERS, so only this checks that their libdevice calls
 and inline PTX compile):
 
-    python tests/triton_compile.py VARIANT DTYPE
+    python tests/triton_compile.py VARIANT DTYPE [--backward]
 
 Prints the GPU helpers the kernel calls and the special-function instructions in its PTX; ptxas
-must have assembled it."""
+must have assembled it. With ``--backward``, every kernel of the region's fused backward instead
+(test_fused_backward.py), the statistics kernel with and without REPAIRED_ONLY."""
 import os
 import re
 import sys
@@ -50,6 +51,33 @@ def main(name, dtype):
     print(f"compiled {name} {dtype}: GPU helpers {helpers}, approximate PTX {ftz}; {repair}")
 
 
+# The backward's own tensors' types (codegen/backward._OWN; dQ, dK, dV, dO and O in the inputs' dtype)
+BACKWARD_OWN = {"m": "*fp32", "inv_l": "*fp32", "delta": "*fp32", "held": "*i8", "held_heads": "*i32",
+                "dq_sum": "*fp32"}
+
+
+def backward(name, dtype):
+    """Every kernel of the variant's fused backward compiled for sm_90."""
+    from fxflash.codegen.backward import emit_backward
+
+    dtype = getattr(torch, dtype)
+    variant = VARIANTS[name]
+    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=64, Dv=64), dtype)
+    _, analysis = analysed(variant.fn, *args)
+    (chain,) = find_chains(analysis)
+    region = build_region(analysis, chain)
+    plan = emit_kernel(region, analysis.kinds)
+    bw = emit_backward(region, analysis.kinds, plan, None)
+    for kernel in (*bw.kernels, bw.atomics, *bw.grouped, *((bw.exact_delta,) if bw.exact_delta else ())):
+        lead = {f"{n}_ptr": BACKWARD_OWN.get(n, "*fp32" if n.startswith("dg") else "*" + TYPES[dtype])
+                for n in kernel.own}
+        flags = dict(STORE_DG=True, ADD_DG=True, GROUP=2, G_INNER=1)
+        for repaired_only in ((False, True) if kernel.statistics else (None,)):
+            extra = {**flags, **({} if repaired_only is None else {"REPAIRED_ONLY": repaired_only})}
+            _compiled(plan, load_kernel(bw.source, kernel.name), kernel.args, lead, **extra)
+        print(f"compiled {kernel.name}" + (" (rows held)" if bw.held else ""))
+
+
 def _compiled(plan, kernel, specs, lead: dict, **extra):
     """``kernel`` compiled for sm_90: ``lead`` its first parameters' types, ``specs`` the rest's."""
     types = {"ptr": lambda spec: "*" + TYPES[plan.input_nodes[spec[1]].meta["val"].dtype],
@@ -68,4 +96,4 @@ def _compiled(plan, kernel, specs, lead: dict, **extra):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    backward(*sys.argv[1:3]) if "--backward" in sys.argv else main(*sys.argv[1:])
