@@ -43,7 +43,8 @@ from .printers import TRITON_DTYPES, Unprintable, literal
 # The programs' own tensors (the launch makes them, contiguous [B·H, M or N, columns]; the kernel
 # parameter ``<name>_ptr``), by the name the programs give their tiles: name → (the tile's rows,
 # its columns; None for a row value, one per row). Besides them, ``dg<j>``: the j-th input
-# gradient stored per score tile, [B·H, M, N].
+# gradient stored per score tile, [B·H, M, N]; and ``held`` (int8, [B·H, M]) and ``held_heads``
+# (int32, [B·H]): the rows and heads whose chain is taken in eager's rounding (held_block).
 _OWN = {"m": ("rows", None), "inv_l": ("rows", None), "delta": ("rows", None), "do": ("rows", "DV"), "o": ("rows", "DV"),
         "dq": ("rows", "D"), "dk": ("keys", "D"), "dv": ("keys", "DV"), "dq_sum": ("rows", "D")}
 
