@@ -31,14 +31,20 @@ from helpers import TRITON_TYPES as TYPES, analysed
 CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 64}
 
 
-def main(name, dtype):
+def _planned(name, dtype):
+    """(the variant's region, its analysis, its forward KernelPlan) as printed for a GPU."""
     assert not interpreting(), "run without TRITON_INTERPRET: the interpreter prints no GPU helpers"
-    dtype = getattr(torch, dtype)
     variant = VARIANTS[name]
     args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=64, Dv=64), dtype)
     _, analysis = analysed(variant.fn, *args)
     (chain,) = find_chains(analysis)
-    plan = emit_kernel(build_region(analysis, chain), analysis.kinds)
+    region = build_region(analysis, chain)
+    return region, analysis, emit_kernel(region, analysis.kinds)
+
+
+def main(name, dtype):
+    dtype = getattr(torch, dtype)
+    _, _, plan = _planned(name, dtype)
     lead = {"out_ptr": "*" + TYPES[plan.out_dtype], **({"sat_ptr": "*i8"} if plan.flags else {})}
     compiled = _compiled(plan, load_kernel(plan.source, plan.name), plan.args, lead)
     helpers = sorted(h for h in GPU_HELPERS if f"{h}(" in plan.source)
@@ -61,12 +67,7 @@ def backward(name, dtype):
     from fxflash.codegen.backward import emit_backward
 
     dtype = getattr(torch, dtype)
-    variant = VARIANTS[name]
-    args = variant.inputs(Shape(B=2, H=4, Hkv=2, M=200, N=256, D=64, Dv=64), dtype)
-    _, analysis = analysed(variant.fn, *args)
-    (chain,) = find_chains(analysis)
-    region = build_region(analysis, chain)
-    plan = emit_kernel(region, analysis.kinds)
+    region, analysis, plan = _planned(name, dtype)
     bw = emit_backward(region, analysis.kinds, plan, None)
     for kernel in (*bw.kernels, bw.atomics, *bw.grouped, *((bw.exact_delta,) if bw.exact_delta else ())):
         lead = {f"{n}_ptr": BACKWARD_OWN.get(n, "*fp32" if n.startswith("dg") else "*" + TYPES[dtype])

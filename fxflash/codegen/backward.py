@@ -545,9 +545,7 @@ class _Kernel:
             if held and statistics:   # the REPAIRED_ONLY launch's (a constexpr)
                 body += loops(["if REPAIRED_ONLY:", *("    " + line for line in block)])
             elif held:   # the loops printed twice: a head with no marked row runs them as they were
-                held_loops = loops([row_flags, *block] if prog.per == "key" else block)
-                body += ["if head_held:", *("    " + line for line in ([] if prog.per == "key" else [row_flags])
-                                                                  + held_loops),
+                body += ["if head_held:", *("    " + line for line in loops([row_flags, *block])),
                          "else:", *("    " + line for line in loops(None))]
             else:
                 body += loops(None)
