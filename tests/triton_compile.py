@@ -73,8 +73,10 @@ def backward(name, dtype):
         lead = {f"{n}_ptr": BACKWARD_OWN.get(n, "*fp32" if n.startswith("dg") else "*" + TYPES[dtype])
                 for n in kernel.own}
         flags = dict(STORE_DG=True, ADD_DG=True, GROUP=2, G_INNER=1)
-        for repaired_only in ((False, True) if kernel.statistics else (None,)):
-            extra = {**flags, **({} if repaired_only is None else {"REPAIRED_ONLY": repaired_only})}
+        # the statistics kernel with and without REPAIRED_ONLY; a held kernel's two launches (HELD)
+        switch = "REPAIRED_ONLY" if kernel.statistics else "HELD" if kernel.held else None
+        for value in (False, True) if switch else (None,):
+            extra = {**flags, **({} if switch is None else {switch: value})}
             _compiled(plan, load_kernel(bw.source, kernel.name), kernel.args, lead, **extra)
         print(f"compiled {kernel.name}" + (" (rows held)" if bw.held else ""))
 

@@ -511,7 +511,7 @@ class _Kernel:
             block, at = self.held_block(), self.chain_end[1]
         if held and not statistics:   # the heads and rows the statistics kernel marked (held_block)
             self.own_param("held")
-            pre.append(f"head_held = tl.load({self.own_param('held_heads')} + lin) != 0")
+            head += self.held_gate(group)
         post: list = []
         for op in prog.body:   # a transposed accumulator, transposed back once after the loop
             if isinstance(op, ir.Accumulate) and _holds_transpose(op):
@@ -544,8 +544,8 @@ class _Kernel:
             row_flags = f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0) != 0"
             if held and statistics:   # the REPAIRED_ONLY launch's (a constexpr)
                 body += loops(["if REPAIRED_ONLY:", *("    " + line for line in block)])
-            elif held:   # the loops printed twice: a head with no marked row runs them as they were
-                body += ["if head_held:", *("    " + line for line in loops([row_flags, *block])),
+            elif held:   # the loops printed twice, one of them compiled per launch (held_gate)
+                body += ["if HELD:", *("    " + line for line in loops([row_flags, *block])),
                          "else:", *("    " + line for line in loops(None))]
             else:
                 body += loops(None)
@@ -560,11 +560,29 @@ class _Kernel:
                   "DVP: tl.constexpr", *(["STORE_DG: tl.constexpr"] if self.input_grads else []),
                   *(["ADD_DG: tl.constexpr"] if any(n.startswith("dga") for n in self.own) else []),
                   *(["REPAIRED_ONLY: tl.constexpr"] if statistics else []),
+                  *(["HELD: tl.constexpr"] if held and not statistics else []),
                   *(["GROUP: tl.constexpr", "G_INNER: tl.constexpr"] if group else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
         return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
                               full_tiles=full is not None, input_grads=tuple(self.input_grads),
-                              statistics=statistics, group=group)
+                              statistics=statistics, group=group, held=bool(held and not statistics))
+
+    def held_gate(self, group: bool) -> list[str]:
+        """The kernel is launched twice, once per value of the constexpr HELD, and each program
+        returns at once unless its head holds a row in eager's rounding exactly when HELD does (a
+        grouped program: any query head of its group). Each launch compiles one copy of the loops,
+        so the heads with no such row, nearly all of them, run the loops as they were, in the
+        registers those alone take: one kernel holding both copies spent 5–18 % of a training
+        step (benchmarks/NOTES.md). In a head that holds such a row, the held loops select eager's
+        rounding row by row, so its other rows, and its group's other heads, keep the fp32 chain."""
+        flags = self.own_param("held_heads")
+        if group:
+            first = "(lin_kv // G_INNER) * (GROUP * G_INNER) + lin_kv % G_INNER"
+            lines = [f"head_held = tl.load({flags} + {first})", "for qh in range(1, GROUP):",
+                     f"    head_held += tl.load({flags} + {first} + qh * G_INNER)"]
+        else:
+            lines = [f"head_held = tl.load({flags} + lin)"]
+        return [*lines, "if HELD:", "    if head_held == 0:", "        return", "elif head_held != 0:", "    return"]
 
 
 def _holds_transpose(op: ir.Accumulate) -> bool:

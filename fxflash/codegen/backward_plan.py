@@ -38,6 +38,8 @@ class BackwardKernel:
     input_grads: tuple = ()  # per gradient tile it stores, the input it belongs to (by name, then
                              # by index; None: a value the kernels compute, not an input)
     group: bool = False    # one program per key tile of a K/V head (TileProgram.group; constexprs GROUP, G_INNER)
+    held: bool = False     # launched twice (constexpr HELD): the heads with no row held in eager's
+                           # rounding, then those with one (codegen/backward.py, held_block)
 
 
 @dataclasses.dataclass

@@ -410,48 +410,55 @@ def _layout_key(inputs, own: dict, frame, symints, input_grads: bool, launches: 
 
 
 class _Bound:
-    """One backward kernel's launch remembered for a layout: Triton's compiled kernel indexed by
-    its grid, called directly (no JIT entry: its binding of about forty arguments costs more host
-    time than a short kernel runs) with the arguments of the first launch, the tensors filled in."""
+    """One backward kernel's launches remembered for a layout (two for a ``held`` kernel): Triton's
+    compiled kernels indexed by their grid, called directly (no JIT entry: its binding of about
+    forty arguments costs more host time than a short kernel runs) with the arguments of the
+    first launch, the tensors filled in."""
 
-    def __init__(self, runner, template: list, slots: list, kernel, block: int, zeroed: list):
-        self.runner, self.template, self.slots, self.kernel, self.block = runner, template, slots, kernel, block
+    def __init__(self, runners: list, slots: list, kernel, block: int, zeroed: list):
+        self.runners, self.slots, self.kernel, self.block = runners, slots, kernel, block
         self.zeroed = zeroed   # the gradients it adds into (ADD_DG), zeroed before it runs
 
     def __call__(self, own: dict, inputs, frame, symints) -> None:
         summaries = [min_max_per_tile(inputs[i], axis, self.block) for i, axis in self.kernel.summaries]
-        args = _filled(self.template, self.slots, LaunchValues(inputs, frame, None, [], summaries, tuple(symints)))
-        args[:len(self.kernel.own)] = [own[name] for name in self.kernel.own]
+        values = LaunchValues(inputs, frame, None, [], summaries, tuple(symints))
         for name in self.zeroed:
             own[name].zero_()
-        self.runner(*args)
+        for runner, template in self.runners:
+            args = _filled(template, self.slots, values)
+            args[:len(self.kernel.own)] = [own[name] for name in self.kernel.own]
+            runner(*args)
 
 
 def _bound(kernel, launched) -> _Bound | None:
-    """``launched`` (``_runner``'s (function, compiled kernel, grid, arguments, compile-time
-    arguments, block)) as a _Bound, or None where Triton's objects do not have the form it needs."""
+    """``launched`` (``_runner``'s launches, each (function, compiled kernel, grid, arguments,
+    compile-time arguments, block)) as a _Bound, or None where Triton's objects do not have the
+    form it needs."""
     if launched is None:
-        return None
-    fn, compiled, grid, args, constexprs, block = launched
-    names = getattr(fn, "arg_names", None)
-    runtime = len(args)
-    if not hasattr(compiled, "__getitem__") or names is None or sorted(names[runtime:]) != sorted(constexprs):
         return None
     lead = len(kernel.own)
     slots = [(lead + j, spec) for j, spec in enumerate(kernel.args) if spec[0] in TENSOR_KINDS]
-    template = [*args, *(constexprs[name] for name in names[runtime:])]
-    for position, _ in slots:
-        template[position] = None   # hold no tensor of this call
-    for position in range(lead):
-        template[position] = None
+    runners = []
+    for fn, compiled, grid, args, constexprs, block in launched:
+        names = getattr(fn, "arg_names", None)
+        runtime = len(args)
+        if not hasattr(compiled, "__getitem__") or names is None or sorted(names[runtime:]) != sorted(constexprs):
+            return None
+        template = [*args, *(constexprs[name] for name in names[runtime:])]
+        for position, _ in slots:
+            template[position] = None   # hold no tensor of this call
+        for position in range(lead):
+            template[position] = None
+        runners.append((compiled[(*grid, 1, 1)[:3]], template))
     zeroed = [name for name in kernel.own if name.startswith("dga")] if constexprs.get("ADD_DG") else []
-    return _Bound(compiled[(*grid, 1, 1)[:3]], template, slots, kernel, block, zeroed)
+    return _Bound(runners, slots, kernel, block, zeroed)
 
 
 def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
             repaired_only: bool = False, group=None):
-    """``run(tile)``: one launch of ``kernel`` at ``tile`` (``_launch``), returning what ``_bound``
-    reads; a grouped kernel's programs per K/V head (``group``: its GROUP, G_INNER)."""
+    """``run(tile)``: the launches of ``kernel`` at ``tile`` (``_launch``; one, or one per value of
+    HELD for a ``held`` kernel), returning what ``_bound`` reads; a grouped kernel's programs per
+    K/V head (``group``: its GROUP, G_INNER)."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     if kernel.group:
@@ -478,9 +485,12 @@ def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
         if kernel.group:
             flags["GROUP"], flags["G_INNER"] = group
         args = [*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values)]
-        constexprs = {**dims, "BLOCK_M": bm, "BLOCK_N": bn, **flags}
-        compiled = fn[grid](*args, **constexprs, num_warps=warps, num_stages=stages)
-        return fn, compiled, grid, args, constexprs, block
+        launches = []
+        for held in (False, True) if kernel.held else (None,):
+            constexprs = {**dims, "BLOCK_M": bm, "BLOCK_N": bn, **flags, **({} if held is None else {"HELD": held})}
+            compiled = fn[grid](*args, **constexprs, num_warps=warps, num_stages=stages)
+            launches.append((fn, compiled, grid, args, constexprs, block))
+        return launches
 
     return run
 
