@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_attention.py [--variants …] [--seqlens …] [--out CSV]
     PYTHONPATH=. python benchmarks/bench_attention.py --suite beyond [--variants …] [--seqlens …]
     PYTHONPATH=. python benchmarks/bench_attention.py --suite train [--variants …] [--seqlens …]
+    PYTHONPATH=. python benchmarks/bench_attention.py --suite decode [--variants …] [--seqlens …]
 
 The FlexAttention paper's configs: bf16, 16 query heads (2 KV heads for GQA), head dim 64,
 batch × seqlen = 16k tokens (``--heads 32 --kv-heads 8 --head-dim 128 --seqlens 4096 16384``: a
@@ -33,6 +34,10 @@ The ``train`` suite times one forward plus backward (``run_train``): the softmax
 and 16k with 16 heads of dim 64 and with GQA 32/8 at head dim 128, against FlexAttention, SDPA,
 eager and torch.compile; differential attention, the Evoformer (batch 8, its pair bias and gate
 differentiated) and sigmoid attention against eager and torch.compile.
+
+The ``decode`` suite (``decode.py``) times generation's steps: 1 or 16 new queries against a cache
+of 8k to 128k keys, GQA 32/8 at head dim 128 and MHA at head dim 64; ``--seqlens`` picks cache
+lengths.
 """
 from __future__ import annotations
 
@@ -251,7 +256,7 @@ def result_rows(out_path: str, resume: bool = False):
     ``record(row, system, label, before_timing, call, flops)``: it runs ``before_timing``
     (a correctness check), times ``call`` (NaN on out-of-memory), writes and prints the row.
     ``record.todo(row, systems)`` lists the systems whose row is not yet in the file when
-    resuming (all of them otherwise)."""
+    resuming (all of them otherwise). ``record`` returns the ms it wrote."""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     done = rows_done(out_path) if resume else set()
     new = not os.path.exists(out_path)
@@ -273,6 +278,7 @@ def result_rows(out_path: str, resume: bool = False):
                                  peak_mb=f"{peak:.1f}"))
             f.flush()
             print(f"{label} {system:<15} {ms:9.3f} ms {tflops:7.1f} TFLOP/s {peak:10.1f} MB", flush=True)
+            return ms
 
         record.todo = lambda row, systems: [s for s in systems if _row_key(row, s) not in done]
         yield record
@@ -535,6 +541,7 @@ SUITES = {
     "beyond": ["diff_attention", "evoformer_row", "sigmoid_attention", "relu_attention"],
     "train": ["vanilla", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "document_mask",
               "diff_attention", "evoformer_row", "sigmoid_attention"],
+    "decode": ["vanilla", "causal", "softcap", "sliding_window"],   # decode.decode_case
 }
 
 
@@ -562,6 +569,13 @@ def main():
         shape = (opts.heads, opts.kv_heads, opts.head_dim)
         run_train(variants, opts.seqlens or [4096, 16384], out, systems=opts.systems,
                   shapes=(shape,) if None not in shape else TRAIN_SOFTMAX_SHAPES)
+    elif opts.suite == "decode":
+        import decode
+
+        caches = [c for c in decode.DECODE_CACHES if opts.seqlens is None or c[1] in opts.seqlens]
+        shape = (opts.heads, opts.kv_heads, opts.head_dim)
+        decode.run_decode(variants, caches, out, systems=opts.systems,
+                          shapes=(shape,) if None not in shape else decode.DECODE_SHAPES)
     else:
         seqlens = opts.seqlens or [1024, 4096, 16384]
         run(variants, seqlens, [g == "gqa" for g in opts.gqa], out, H=opts.heads or 16, D=opts.head_dim or 64,

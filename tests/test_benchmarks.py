@@ -262,3 +262,30 @@ def test_a_benchmark_records_no_fxflash_row_that_did_not_fuse():
     check_fused(fxflash.optimize(variants.vanilla), args, "vanilla")
     with fxflash.config.overridden(fuse=False), pytest.raises(AssertionError, match="did not fuse: config"):
         check_fused(fxflash.optimize(variants.vanilla), args, "vanilla")
+
+
+@pytest.mark.parametrize("q_len", [1, 5])
+@pytest.mark.parametrize("name", ["vanilla", "causal", "softcap", "sliding_window"])
+def test_decode_steps_fuse_with_their_masks_aligned_to_the_end_of_the_cache(name, q_len):
+    """decode.py's steps (GQA by repeat_kv, q_len new queries at the cache's last positions) fuse,
+    and match the same attention over the whole sequence, of which they are the last rows."""
+    import torch
+    from decode import decode_case
+
+    import fxflash
+    from fxflash import variants
+
+    fn, (q, k, v), *_, sdpa = decode_case(name, 1, 4, 2, q_len, 40, 16, "cpu", torch.float32, window=8)
+    fast = fxflash.optimize(fn)
+    assert [r.fused for r in fast.report(q, k, v).regions] == [True]
+    # the whole sequence: queries at every position, the masks aligned to the first key
+    whole = torch.randn(1, 4, 40, 16, generator=torch.Generator().manual_seed(2))
+    whole[:, :, -q_len:] = q
+    full = {"vanilla": variants.vanilla, "causal": variants.causal, "softcap": variants.softcap,
+            "sliding_window": lambda q, k, v: variants.sliding_window(q, k, v, window=8)}[name]
+    expected = full(whole, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))[:, :, -q_len:]
+    if name == "vanilla":   # no mask: every row sees every key, whatever its position
+        expected = full(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    torch.testing.assert_close(fast(q, k, v), expected, atol=1e-5, rtol=1e-5)
+    if sdpa is not None:
+        torch.testing.assert_close(sdpa(q, k, v), expected, atol=1e-5, rtol=1e-5)
