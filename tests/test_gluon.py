@@ -370,7 +370,8 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, producers, monkeyp
     loader's TMA into a ring beside K and V (GluonPlan.tiles, config.gluon_tma_tiles), with
     config.gluon_tma_key_vectors its mask bias too (one [1, keys] row per key tile for all the
     item's rows, GluonPlan.vectors: the mask [B, N_seq, S], from which the kernel computes the
-    bias, config.vector_producers; with that off the bias [B, N_seq, 1, 1, S] that eager computed), and its gate ([B, N_seq, S, H, D], rows on axis
+    bias, config.vector_producers; with that off the bias [B, N_seq, S] that eager computed, read
+    through its view [B, N_seq, 1, 1, S]), and its gate ([B, N_seq, S, H, D], rows on axis
     2) by a second loader warp into the item's Q buffers once its last Q·Kᵀ is done
     (GluonPlan.gates), each located as Q's block is; with a setting off, those inputs are loaded per
     element. The consumers read the tiles and the gate with ordinary loads, so they release those
@@ -383,7 +384,7 @@ def test_score_tiles_and_the_gate_arrive_by_tma(tma, vectors, producers, monkeyp
     args = variant.inputs(Shape(B=2, H=4, M=256, N=256, D=64, Dv=64), torch.bfloat16)
     plan = emit_gluon(*region_and_kinds(variant.fn, *args))
     shape = lambda i: tuple(plan.input_nodes[i].meta["val"].shape)  # noqa: E731
-    vector = tuple(args[3].shape) if producers else tuple(args[3].shape[:2]) + (1, 1, 256)
+    vector = tuple(args[3].shape)   # the mask, or the bias eager computed from it
     assert [shape(i) for i in plan.tiles] == [vector] * (tma and vectors) + [tuple(args[4].shape)] * tma
     assert [shape(i) for i in plan.vectors] == [vector] * (tma and vectors)
     assert ("(x1 - 1)" in plan.source) == producers  # INF·(mask − 1) computed by the kernel

@@ -85,6 +85,30 @@ def _program(tree):
     return masked_attention
 
 
+def _padding_expanded_in_the_graph(q, k, v, am):
+    """transformers' spelling: a ``[B, N]`` attention mask as bool, indexed to ``[B, 1, 1, N]`` and
+    expanded over the heads and rows."""
+    keep = am.bool()[:, None, None, :].expand(q.size(0), q.size(1), q.size(2), k.size(2))
+    s = q @ k.transpose(-1, -2) * q.size(-1) ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def test_a_mask_expanded_in_the_graph_is_read_as_the_vector_it_broadcasts():
+    """The expanded axes of ``am.bool()[:, None, None, :].expand(B, H, M, N)`` are stride 0: the
+    kernel loads one value per key from the ``[B, N]`` tensor (no row index in the load), not a
+    ``[BLOCK_M, BLOCK_N]`` tile of the view, and skips the padding's tiles from the same tensor."""
+    q, k, v = VARIANTS["vanilla"].inputs(Shape(B=3, H=2, Hkv=2, M=40, N=70, D=8, Dv=8))
+    am = torch.ones(3, 70, dtype=torch.long)
+    am[1:, 9:] = 0
+    args = (q, k, v, am)
+    report, skipped = _skipping_changes_nothing(_padding_expanded_in_the_graph, args)
+    (region,) = report.regions
+    mask_loads = [line for line in region.source.splitlines() if "tl.load(in" in line and "tl.int1" in line]
+    assert mask_loads and all("rm" not in line and "_s2" not in line for line in mask_loads), mask_loads
+    assert SCAN in region.source
+    assert_accurate(_padding_expanded_in_the_graph, args, skipped)
+
+
 def _run(fn, args, sparsity: bool):
     """(report, output) with tile skipping on or off; untuned, so that both kernels launch with
     the first tile configuration (tuned separately, they may differ in tile and in rounding)."""

@@ -383,15 +383,31 @@ class _Printer:
         computed = (self.kinds.get(node) is OpKind.INDEX or self.outside_values.computed(node)
                     or self.vector_producer(node, idx))
         try:
-            value = self.index_expr(node, idx) if computed else self.load(node, idx)
+            value = self.index_expr(node, idx) if computed else self.load(*self.viewed(node, idx))
         except Unprintable:
             if not computed:
                 raise
             # an op without a printer (a floor division by a negative number): eager computes
             # this value, as it would without fxflash, and the kernel loads it
-            value = self.load(node, idx)
+            value = self.load(*self.viewed(node, idx))
         self.memo[key] = value
         return value
+
+    def viewed(self, node: fx.Node, idx: tuple) -> tuple:
+        """``(tensor, idx)`` to load for ``node`` at ``idx``: the tensor it views through VECTOR_VIEWS, at
+        its own indices. A mask ``keep[:, None, None, :].expand(B, H, M, N)`` is read as the ``[B, N]``
+        vector it broadcasts, one value per key (its expanded axes are stride 0, so the values are
+        the same), rather than as a ``[BLOCK_M, BLOCK_N]`` tile; the per-tile tests read that tensor
+        too (intervals.of_tensor). A reshape that moves indices stops the walk."""
+        while (node.op == "call_function" and self.kinds.get(node) is OpKind.LAYOUT
+               and packet(node.target) in VECTOR_VIEWS and isinstance(node.args[0], fx.Node)
+               and isinstance(node.args[0].meta.get("val"), torch.Tensor)):
+            try:
+                idx = self.layout_source_idx(node, idx)
+            except Unprintable:
+                break
+            node = node.args[0]
+        return node, idx
 
     def vector_producer(self, node: fx.Node, idx: tuple) -> bool:
         """Is ``node`` an elementwise op (or a view of one, through VECTOR_VIEWS) that the tile
