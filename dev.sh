@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One entry point for newcomers and CI:  ./dev.sh demo  |  ./dev.sh test [pytest args]  |  ./dev.sh notebook
+# One entry point for newcomers and CI:  ./dev.sh demo  |  ./dev.sh test [pytest args]  |  ./dev.sh notebook  |  ./dev.sh setup
 # Creates .venv on first use and installs what the command needs. A torch >= 2.11 already
 # in .venv is kept (install your CUDA build there first on a GPU machine); otherwise the
 # CPU build torch==2.13.0 is installed. FXFLASH_VENV names another venv; FXFLASH_TORCH pins
@@ -35,11 +35,12 @@ PYEOF
 cmd=${1:-}
 shift || true
 case "$cmd" in
+  setup) setup ;;   # the venv and what the tests need, nothing run (.ci/run, before its parallel runs)
   demo) setup; exec "$VENV/bin/python" -m fxflash.demo "$@" ;;
   test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
   notebook)  # the tour unless a notebook is named first
     setup
     if [ $# -eq 0 ] || [ "${1#-}" != "$1" ]; then set -- notebooks/fxflash_tour.ipynb "$@"; fi
     exec "$VENV/bin/python" notebooks/execute.py "$@" ;;
-  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args] | ./dev.sh notebook [NOTEBOOK] [--write]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args] | ./dev.sh notebook [NOTEBOOK] [--write] | ./dev.sh setup" >&2; exit 2 ;;
 esac

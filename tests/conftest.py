@@ -14,6 +14,8 @@ os.environ.setdefault("FXFLASH_REMEMBER_GRAPHS", "0")
 
 import pytest  # noqa: E402
 
+import shard_parts  # noqa: E402  (--shard; a plugin of its own for tests/test_shard.py's runs)
+
 
 @pytest.fixture
 def device():
@@ -21,10 +23,7 @@ def device():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--shard", default=None, metavar="I/N",
-                     help="run the I-th (from 0) of N interleaved parts of the selected tests, e.g. the GPU "
-                          "suite in device calls of limited length: -m gpu --shard 0/3, 1/3, 2/3; several "
-                          "parts as I,J/N (.ci/run spreads the CPU suite over two cores so)")
+    shard_parts.pytest_addoption(parser)
     parser.addoption("--fusion-off-check", action="store_true",
                      help="with FXFLASH_FUSE=0: a test not marked fusion_independent must fail (it checks the "
                           "fused path); it is reported failed if it passes and passed if it fails. The tests "
@@ -68,20 +67,4 @@ def pytest_collection_modifyitems(config, items):
     if config.getoption("--fusion-off-check"):
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("fusion_independent")])
         items[:] = [item for item in items if not item.get_closest_marker("fusion_independent")]
-    shard = config.getoption("--shard")
-    if shard is None:
-        return
-    try:
-        indices, parts = shard.split("/")
-        indices, parts = {int(x) for x in indices.split(",")}, int(parts)
-    except ValueError:
-        raise pytest.UsageError(f"--shard takes I/N or I,J/N (integers, 0 <= I < N), not {shard!r}") from None
-    if not all(0 <= index < parts for index in indices):
-        raise pytest.UsageError(f"--shard {shard}: each I must satisfy 0 <= I < N")
-    # a module that sets SHARD_WHOLE (its tests read what earlier ones recorded) stays in the part
-    # of its first test
-    whole: dict = {}
-    parts_of = [whole.setdefault(item.module, k % parts) if getattr(item.module, "SHARD_WHOLE", False)
-                else k % parts for k, item in enumerate(items)]
-    config.hook.pytest_deselected(items=[item for item, part in zip(items, parts_of) if part not in indices])
-    items[:] = [item for item, part in zip(items, parts_of) if part in indices]
+    shard_parts.pytest_collection_modifyitems(config, items)

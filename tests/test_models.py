@@ -170,7 +170,7 @@ def test_generate_gives_eagers_tokens(name, entry, cache, attention):
         pytest.skip(f"{name} has no StaticCache support in transformers")
     _one_entry_for_sdpa(entry, attention)
     model, inputs = _model(name, attention), _inputs(name, padded=True)
-    settings = dict(max_new_tokens=5, do_sample=False, cache_implementation=cache)
+    settings = dict(max_new_tokens=4, do_sample=False, cache_implementation=cache)
 
     def generated(forward) -> tuple:
         """The tokens, and each call's logits, with ``forward`` as the model's."""

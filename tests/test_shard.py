@@ -26,8 +26,8 @@ def test_on_gpu():
 def run(tmp_path, *options, keep=False):
     if not keep:   # the test's own program otherwise
         (tmp_path / "test_program.py").write_text(PROGRAM)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))  # conftest.py, loaded as a plugin
-    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "conftest",
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))  # shard_parts.py, loaded as a plugin
+    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "shard_parts",
                            "-m", "not gpu", *options, "test_program.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
