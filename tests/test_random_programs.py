@@ -41,7 +41,7 @@ EXTREMES = st.sampled_from(["min", "max", -1e38, 1e38, -1e30, 1e30, -1e9])
 SCORE_OPS = st.lists(
     st.one_of(
         st.tuples(st.just("scale"), st.sampled_from([0.5, -1.0, 0.125, 2.0, 1e4])),
-        st.tuples(st.just("bias"), BROADCASTS),
+        st.tuples(st.just("bias"), BROADCASTS, st.booleans()),  # the last: expanded to the scores in the program
         st.tuples(st.just("extreme_mask"), BROADCASTS, EXTREMES),  # transformers' (1 − m)·finfo.min
         st.tuples(st.just("extreme_fill"), BROADCASTS, EXTREMES),  # masked_fill(~m, finite)
         st.tuples(st.just("temperature"), st.sampled_from([0.7, 3.0])),  # s / t, t a 0-d tensor input
@@ -49,7 +49,7 @@ SCORE_OPS = st.lists(
         st.tuples(st.just("distance_bias"), st.sampled_from([0.25, -0.5])),  # ALiBi's slope·(j − i)
         st.tuples(st.just("softcap"), st.sampled_from([5.0, 30.0])),
         st.tuples(st.just("index_mask"), st.sampled_from(["causal", "window", "prefix", "band"]), st.integers(0, 6)),
-        st.tuples(st.just("tensor_mask"), BROADCASTS),
+        st.tuples(st.just("tensor_mask"), BROADCASTS, st.booleans()),
     ),
     max_size=3,
 )
@@ -115,6 +115,12 @@ def _normalize(s: torch.Tensor, norm: str, lam=None) -> torch.Tensor:
     return s / s.abs().sum(-1, keepdim=True).clamp(min=1)
 
 
+def _as_drawn(t: torch.Tensor, op: tuple, s: torch.Tensor) -> torch.Tensor:
+    """A bias or mask as the op draws it: as given, or expanded to the scores' shape in the program
+    (a view whose broadcast axes are stride 0, as transformers' masks are)."""
+    return t.expand(s.shape) if len(op) > 2 and op[2] else t
+
+
 def make_program(spec):
     """(the program, its inputs) for one drawn spec; the program is plain PyTorch."""
     g = torch.Generator().manual_seed(spec["seed"])
@@ -176,7 +182,7 @@ def make_program(spec):
             elif op[0] == "extreme_fill":
                 s = s.masked_fill(~extra.pop(0), _extreme(op[2], s.dtype))
             elif op[0] == "bias":
-                s = s + extra.pop(0)
+                s = s + _as_drawn(extra.pop(0), op, s)
             elif op[0] == "distance_bias":
                 j, i = torch.arange(s.size(-1), device=s.device), torch.arange(s.size(-2), device=s.device)
                 s = s + (op[1] * (j[None, :] - i[:, None])).to(s.dtype)
@@ -186,7 +192,7 @@ def make_program(spec):
                 keep = _index_mask(op[1], op[2], s.size(-2), s.size(-1), s.device)
                 s = s.masked_fill(~keep, float("-inf"))
             else:
-                s = s.masked_fill(~extra.pop(0), float("-inf"))
+                s = s.masked_fill(~_as_drawn(extra.pop(0), op, s), float("-inf"))
         o = _normalize(s, spec["norm"], extra.pop(0) if spec["norm"] == "learned_lambda" else None) @ v
         if bshd:
             o = o.transpose(1, 2)
