@@ -235,6 +235,12 @@ FOUND = {
     "temperature_over_a_distance_bias": dict(B=1, Hkv=2, group=2, M=17, N=17, D=16, Dv=8, seed=64636,
                                              gqa="repeat_interleave", norm="softmax", dtype=torch.float32,
                                              ops=[("scale", 0.5), ("distance_bias", -0.5), ("temperature", 0.7)]),
+    # fp16, a band of width 0 then masked_fill(~keep, finfo.min) per key: the fill reopens the
+    # filled keys on every row, so the rows whose own key is filled spread over them (rows in eager's
+    # rounding); the backward took those rows over the band's tile ranges only (dV 0.56 off)
+    "a_fill_over_a_band": dict(B=1, Hkv=1, group=1, M=17, N=16, D=24, Dv=24, gqa="expand", strided_q=True,
+                               ops=[("index_mask", "band", 0), ("extreme_fill", [False, False, False, True], "min")],
+                               norm="softmax", dtype=torch.float16),
 }
 
 

@@ -533,7 +533,7 @@ class _Kernel:
                 runs = [((f"lo_t * {step}", f"f_lo * {step}"), loop), ((f"f_lo * {step}", f"f_hi * {step}"), full),
                         ((f"f_hi * {step}", f"hi_t * {step}"), loop)]
 
-            def loops(block: list | None) -> list[str]:
+            def loops(block: list | None, runs=runs) -> list[str]:
                 """The loops, ``block`` after the chain's last op in each copy of the body."""
                 lines = []
                 for (lo, hi), run in runs:
@@ -541,11 +541,15 @@ class _Kernel:
                     lines += [f"for {start} in range({lo}, {hi}, {step}):", *("    " + line for line in run)]
                 return lines
 
+            # the rows in eager's rounding (the REPAIRED_ONLY launch's statistics, a HELD launch's
+            # gradients) visit every tile, as the forward's repair kernel does: a finite fill after
+            # a -inf mask (masked_fill(~keep, finfo.min)) gives keys in tiles the mask's ranges skip
+            # their share of such a row
+            every = [(("0", stop), loop)]
             row_flags = f"held_row = tl.load(held_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0) != 0"
-            if held and statistics:   # the REPAIRED_ONLY launch's (a constexpr)
-                body += loops(["if REPAIRED_ONLY:", *("    " + line for line in block)])
-            elif held:   # the loops printed twice, one of them compiled per launch (held_gate)
-                body += ["if HELD:", *("    " + line for line in loops([row_flags, *block])),
+            if held:   # the loops printed twice, one of them compiled per launch (held_gate)
+                flag, copy = ("REPAIRED_ONLY", block) if statistics else ("HELD", [row_flags, *block])
+                body += [f"if {flag}:", *("    " + line for line in loops(copy, every)),
                          "else:", *("    " + line for line in loops(None))]
             else:
                 body += loops(None)
