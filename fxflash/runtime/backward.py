@@ -450,7 +450,8 @@ def _bound(kernel, launched) -> _Bound | None:
         for position in range(lead):
             template[position] = None
         runners.append((compiled[(*grid, 1, 1)[:3]], template))
-    zeroed = [name for name in kernel.own if name.startswith("dga")] if constexprs.get("ADD_DG") else []
+    adds = launched[0][4].get("ADD_DG")   # the same in every launch of the kernel
+    zeroed = [name for name in kernel.own if name.startswith("dga")] if adds else []
     return _Bound(runners, slots, kernel, block, zeroed)
 
 
