@@ -241,6 +241,12 @@ FOUND = {
     "a_fill_over_a_band": dict(B=1, Hkv=1, group=1, M=17, N=16, D=24, Dv=24, gqa="expand", strided_q=True,
                                ops=[("index_mask", "band", 0), ("extreme_fill", [False, False, False, True], "min")],
                                norm="softmax", dtype=torch.float16),
+    # a band of width 0 and causal over 17 rows and 16 keys: row 16 has no key, so eager's P row is
+    # NaN and so is every key's dV; the loops skipped that row's tiles and left dV finite
+    **{f"a_row_every_key_masks_{dtype}": dict(B=1, Hkv=1, group=1, M=17, N=16, D=1, Dv=1, gqa="repeat_interleave",
+                                              strided_q=True, ops=[("index_mask", "band", 0), ("index_mask", "causal", 0)],
+                                              norm="softmax", dtype=getattr(torch, dtype))
+       for dtype in ("float32", "float16")},
 }
 
 

@@ -279,7 +279,7 @@ class _Kernel:
         tile, cols = _OWN[own]
         ptr = self.own_param(own)
         value = self.ref(op.value)
-        if cols is None and own == "m" and self.held:
+        if cols is None and own == "m" and self.held and self.r.q.math_dtype in SATURATION_LOG2:
             # computed here from the fp32 chain, a row whose maximum leaves the forward's multiply-add
             # range is marked (+inf) as the forward's repair kernel marks it; the REPAIRED_ONLY launch
             # then computes it in eager's rounding (held_block)
@@ -469,15 +469,19 @@ class _Kernel:
         if statistics:
             # with REPAIRED_ONLY, only the row tiles holding a row the forward's repair kernel
             # marked (m = +inf: emit's statistics) compute theirs; the others keep the forward's
+            # marked; and a row every key masks (1/l not finite: eager's P row is NaN at every key,
+            # and so is every key's dV, which skipping the row's tiles would leave finite)
             head += ["if REPAIRED_ONLY:",
                      f"    marked = tl.load(m_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)",
-                     "    held_row = marked == float('inf')",
+                     f"    empty = tl.load(inv_l_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=1.0)",
+                     "    held_row = (marked == float('inf')) | ~(empty < float('inf'))",
                      *([f"    tl.store(held_ptr + lin.to(tl.int64) * M + {ROW}, held_row.to(tl.int8), mask={ROW} < M)"]
                        if self.held else []),
                      "    if tl.max(held_row.to(tl.int32)) == 0:",
                      "        return",
                      *(["    tl.store(held_heads_ptr + lin, 1)"] if self.held else [])]
             self.own_param("m")
+            self.own_param("inv_l")
             if self.held:
                 self.own_param("held")
                 self.own_param("held_heads")
@@ -620,8 +624,9 @@ def emit_backward(region, kinds: dict, plan: KernelPlan, printable, name: str = 
     grouped = () if axis is None else tuple(dataclasses.replace(p, name=f"{p.name}_grouped", group=True)
                                             for p in (deterministic[-2], atomics))
     options = plan.options
-    # 16-bit scores under a softmax: rows the forward computed in eager's rounding take it here too
-    held = bool(statistics) and r.q.math_dtype in SATURATION_LOG2
+    # 16-bit scores under a softmax: rows the forward computed in eager's rounding take it here
+    # too; and in every dtype where the loops skip tiles, a row every key masks visits them all
+    held = bool(statistics) and (r.q.math_dtype in SATURATION_LOG2 or any(p.skips for p in programs))
     kernels, lines, bound, slot_values, helpers = [], [], (0, 0), [], set()
     out_dtype = attention_output(r).meta["val"].dtype
     exact = () if exact_delta is None else (exact_delta,)
