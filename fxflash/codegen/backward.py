@@ -467,10 +467,10 @@ class _Kernel:
         # the statistics program: the one that stores m
         statistics = any(op.tile == "row values" and op.tensor == "m" for op in prog.stores)
         if statistics:
-            # with REPAIRED_ONLY, only the row tiles holding a row the forward's repair kernel
-            # marked (m = +inf: emit's statistics) compute theirs; the others keep the forward's
-            # marked; and a row every key masks (1/l not finite: eager's P row is NaN at every key,
-            # and so is every key's dV, which skipping the row's tiles would leave finite)
+            # with REPAIRED_ONLY, only the row tiles holding a marked row compute theirs, the others
+            # keep the forward's: a row the forward's repair kernel marked (m = +inf: emit's
+            # statistics), or a row every key masks (1/l not finite: eager's P row is NaN at every
+            # key, and so is every key's dV, which skipping the row's tiles would leave finite)
             head += ["if REPAIRED_ONLY:",
                      f"    marked = tl.load(m_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)",
                      f"    empty = tl.load(inv_l_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=1.0)",
