@@ -473,8 +473,8 @@ class _Kernel:
             # key, and so is every key's dV, which skipping the row's tiles would leave finite)
             head += ["if REPAIRED_ONLY:",
                      f"    marked = tl.load(m_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=0.0)",
-                     f"    empty = tl.load(inv_l_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=1.0)",
-                     "    held_row = (marked == float('inf')) | ~(empty < float('inf'))",
+                     f"    stored_inv_l = tl.load(inv_l_ptr + lin.to(tl.int64) * M + {ROW}, mask={ROW} < M, other=1.0)",
+                     "    held_row = (marked == float('inf')) | ~(stored_inv_l < float('inf'))",
                      *([f"    tl.store(held_ptr + lin.to(tl.int64) * M + {ROW}, held_row.to(tl.int8), mask={ROW} < M)"]
                        if self.held else []),
                      "    if tl.max(held_row.to(tl.int32)) == 0:",
