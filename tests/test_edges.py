@@ -129,6 +129,29 @@ def test_deferred_values_and_16_bit_roundings_at_the_extremes(program, dtype, de
     assert_accurate(program, args, out)
 
 
+def relu_over_finfo_max(q, k, v, mask):
+    """ReLU attention over scores that fp32's largest value reaches on the masked keys: each such
+    key's P is ``finfo.max/N``, and ``P·V`` sums terms near fp32's limit of both signs."""
+    s = q @ k.transpose(-2, -1) / 8.0
+    s = s + (1.0 - mask.to(s.dtype)) * torch.finfo(torch.float32).max
+    return (torch.relu(s) / s.size(-1)) @ v
+
+
+def test_an_unbounded_p_summed_near_the_dtypes_limit_stays_finite_where_eagers_is(device):
+    """A sum of such terms overflows in one order and not in another: in the kernel's, its positive
+    terms first, it overflowed where eager's matmul stayed finite. The row is flagged and the
+    repair kernel sums it with P scaled by 2⁻⁶⁴ (exact), then scales it back."""
+    g = torch.Generator().manual_seed(30)   # a draw whose fused row overflowed before the repair
+    q, k = torch.randn(1, 1, 4, 8, generator=g), torch.randn(1, 1, 8, 8, generator=g)
+    v = torch.randn(1, 1, 8, 8, generator=g) * 2.5
+    mask = torch.rand(1, 1, 1, 8, generator=g) > 0.8
+    args = tuple(t.to(device) for t in (q, k, v, mask))
+    optimized = fxflash.optimize(relu_over_finfo_max)
+    out = optimized(*args)
+    assert_fused(optimized.report(*args))
+    assert_accurate(relu_over_finfo_max, args, out)
+
+
 def narrow_values(dv):
     """Attention over V narrower than its power-of-two tile (bshd layout, GQA by ``expand``)."""
     def program(q, k, v):

@@ -247,6 +247,12 @@ FOUND = {
                                               strided_q=True, ops=[("index_mask", "band", 0), ("index_mask", "causal", 0)],
                                               norm="softmax", dtype=getattr(torch, dtype))
        for dtype in ("float32", "float16")},
+    # ReLU attention over (1 − m)·finfo.max: P reaches 6.8·10³⁷, and a key's dV sums 16 such terms of
+    # both signs to 2.085·10³⁸, finite in eager's order; the kernel's order overflowed (REDO)
+    "relu_over_finfo_max": dict(B=2, Hkv=2, group=2, M=16, N=5, D=8, Dv=8, gqa="repeat_interleave", seed=6,
+                                epilogue="transpose_gate", norm="relu", dtype=torch.float32,
+                                ops=[("extreme_mask", [False, True, False, True], "min"),
+                                     ("extreme_mask", [False, True, False, True], "max"), ("distance_bias", 0.25)]),
 }
 
 

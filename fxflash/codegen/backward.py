@@ -33,7 +33,7 @@ from ..analysis import OpKind
 from ..tile import ir
 from ..tile.backward import BackwardRefused, attention_output, elementwise_form, lower_backward, lower_statistics
 from ..patterns.rules import LN2
-from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, ROW, SATURATION_LOG2, Value,
+from .emit import (COL, EXACT_FORMS, FLT_MAX, FULL_RUN_INIT, KEY_TILES, REDO_SCALE, ROW, SATURATION_LOG2, Value,
                    _Printer, _dot, _scaled, full_run_chunk, full_run_finish, module_source)
 from .intervals import IntervalPrinter, NoInterval
 from .backward_plan import BackwardKernel, BackwardPlan
@@ -102,6 +102,8 @@ class _Kernel:
         self.input_grads: list = []   # the inputs whose gradient tiles it stores (Store "scores")
         self.valid_at = 0             # the index of the loop body's ``valid`` line (full_loop)
         self.operands = {"q": region.q, "k": region.k, "v": region.v}  # by the programs' names of their tiles
+        self.redo: set = set()          # the accumulators summed again where they overflowed (constexpr REDO)
+        self.redo_values: set = set()   # … and the values computed from them after the loop
 
     # -- values --------------------------------------------------------------------------
     def ref(self, a) -> str:
@@ -217,10 +219,11 @@ class _Kernel:
             self.row_reduce(op, out)
         elif isinstance(op, ir.Accumulate) and _holds_transpose(op):   # accᵀ += vᵀ · p
             acc = self.var(op.acc)
-            out.append(f"{acc} = {self.dot(self.tile(op.v, True), self.tile(op.p, False), acc)}")
+            p = self.redo_scaled(op, out)
+            out.append(f"{acc} = {self.dot(self.tile(op.v, True), self.tile(p, False), acc)}")
             self.values[op.acc] = (f"tl.trans({acc})", None)
         elif isinstance(op, ir.Accumulate):
-            p = self.tile(op.p, op.transposed)
+            p = self.tile(self.redo_scaled(op, out), op.transposed)
             out.append(f"{self.var(op.acc)} = {self.dot(p, self.tile(op.v, False), '' if op.fresh else self.var(op.acc))}")
             self.values[op.acc] = (self.var(op.acc), None)
         elif isinstance(op, ir.SkipIf):
@@ -229,6 +232,22 @@ class _Kernel:
             self.store(op, out)
         else:
             raise BackwardRefused(f"{self.program.name}: {type(op).__name__} is not printed")
+
+    def redo_scaled(self, op: ir.Accumulate, out: list) -> str:
+        """The name of the tile ``op`` sums: ``p`` itself, or for an unbounded ``p``
+        (``Accumulate.unbounded``) over a V-side tile that is not fp16, ``p·2⁻⁶⁴`` in the REDO
+        launch. A power of two scales exactly; an fp16 product is below 2³² and no fp32 sum of
+        them overflows."""
+        code, dtype = self.values[op.p]
+        if not op.unbounded or self.values[op.v][1] is torch.float16 or not code.isidentifier():
+            return op.p
+        self.redo.add(op.acc)
+        low = f"{code}_redo"
+        out += ["if REDO:", f"    {low} = {code} * {REDO_SCALE ** -1!r}", "else:", f"    {low} = {code}"]
+        self.values[low] = (low, dtype)
+        if op.p in self.transposed:
+            self.transposed.add(low)
+        return low
 
     def map(self, op: ir.Map, out: list) -> None:
         if op.op == "sum" and len(op.args) == 2 and op.args[1] == -1:   # a row sum, [BM, 1]
@@ -260,6 +279,41 @@ class _Kernel:
             raise BackwardRefused(f"{self.program.name}: the row reduction {op}")
 
     def store(self, op: ir.Store, out: list) -> None:
+        """A Store's lines; in a program with REDO launches, the value from an accumulator summed
+        again is stored where the first launch's is not finite, and every other store is the first
+        launch's alone."""
+        lines: list = []
+        self.store_lines(op, lines)
+        if not self.redo:
+            out += lines
+        elif op.value in self.redo_values:
+            own = op.value
+            address, mask = self.address(own)
+            out += ["if REDO:", f"    tl.store({address}, tl.where(tl.abs(first_{own}) < float('inf'), first_{own}, "
+                    f"{self.ref(op.value)}), mask={mask})", "else:", *("    " + line for line in lines)]
+        else:
+            out += ["if not REDO:", *("    " + line for line in lines)]
+
+    def address(self, own: str, lin: str = "lin") -> tuple[str, str]:
+        """(address, mask) of this program's tile of its own tensor ``own`` (``_OWN``), a tile of
+        rows or keys by D or Dv, in the batch item ``lin``."""
+        tile, cols = _OWN[own]
+        rows, size = (ROW, "M") if tile == "rows" else ("offs_n[:, None]", "N")
+        offs = "offs_d" if cols == "D" else "offs_dv"
+        return (f"{self.own_param(own)} + ({lin}.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :]",
+                f"({rows} < {size}) & ({offs}[None, :] < {cols})")
+
+    def redo_check(self, lin: str) -> list[str]:
+        """The REDO launch's first lines: each stored tile summed again, as the first launch left
+        it, and a return unless one of its values is not finite."""
+        lines, bad = ["if REDO:"], []
+        for own in sorted(self.redo_values & set(_OWN)):
+            address, mask = self.address(own, lin)
+            lines.append(f"    first_{own} = tl.load({address}, mask={mask}, other=0.0).to(tl.float32)")
+            bad.append(f"~(tl.abs(first_{own}) < float('inf'))")
+        return [*lines, f"    if tl.max(({' | '.join(bad)}).to(tl.int32)) == 0:", "        return"]
+
+    def store_lines(self, op: ir.Store, out: list) -> None:
         if op.tile == "scores":   # an input's gradient tile, written where the launch asks for it
             name = f"dg{len(self.input_grads)}"
             self.input_grads.append(op.tensor[1:])   # "d<input>"
@@ -290,12 +344,10 @@ class _Kernel:
         if cols is None:
             out.append(f"tl.store({ptr} + lin.to(tl.int64) * M + {ROW}, {value}, mask={ROW} < M)")
             return
-        rows, size = (ROW, "M") if tile == "rows" else ("offs_n[:, None]", "N")
-        offs = "offs_d" if cols == "D" else "offs_dv"
+        address, mask = self.address(own)
         # a partial sum (op.add) goes to an fp32 tensor the launch zeroes; relaxed: only the sum matters
         store, sem = ("tl.atomic_add", ", sem='relaxed'") if op.add else ("tl.store", "")
-        out.append(f"{store}({ptr} + (lin.to(tl.int64) * {size} + {rows}) * {cols} + {offs}[None, :], {value}, "
-                   f"mask=({rows} < {size}) & ({offs}[None, :] < {cols}){sem})")
+        out.append(f"{store}({address}, {value}, mask={mask}{sem})")
 
     def added_gradient(self, node: fx.Node, value: str) -> str | None:
         """The atomic add of this tile's gradient of the input ``node`` into ``dga<j>``, an fp32
@@ -521,6 +573,12 @@ class _Kernel:
             if isinstance(op, ir.Accumulate) and _holds_transpose(op):
                 post.append(f"{self.var(op.acc)} = tl.trans({self.var(op.acc)})")
                 self.values[op.acc] = (self.var(op.acc), None)
+        self.redo_values = set(self.redo)
+        for acc in sorted(self.redo):   # the REDO launch's sums, scaled back
+            post += ["if REDO:", f"    {self.var(acc)} = {self.var(acc)} * {REDO_SCALE!r}"]
+        for op in prog.epilogue:
+            if any(isinstance(a, str) and a in self.redo_values for a in getattr(op, "args", ())):
+                self.redo_values.add(op.name)
         if prog.loop == "key" and "m" in self.values:
             self.values["m"] = ("m", None)   # the finished maximum
         for op in (*prog.epilogue, *prog.stores):
@@ -559,6 +617,8 @@ class _Kernel:
                 body += loops(None)
         else:
             body += loop
+        if self.redo:
+            head += self.redo_check("lin_kv" if group else "lin")
         if group:   # every query head of the group, then the K/V head's own tiles stored
             body = [*head, *inits, "for qh in range(GROUP):", *("    " + line for line in body), "lin = lin_kv", *post]
         else:
@@ -569,11 +629,13 @@ class _Kernel:
                   *(["ADD_DG: tl.constexpr"] if any(n.startswith("dga") for n in self.own) else []),
                   *(["REPAIRED_ONLY: tl.constexpr"] if statistics else []),
                   *(["HELD: tl.constexpr"] if held and not statistics else []),
+                  *(["REDO: tl.constexpr"] if self.redo else []),
                   *(["GROUP: tl.constexpr", "G_INNER: tl.constexpr"] if group else [])]
         self.lines = ["@triton.jit", f"def {prog.name}({', '.join(params)}):", *("    " + line for line in body)]
         return BackwardKernel(prog.name, prog.per, tuple(self.own), list(vp.args), ranged=ranged is not None,
                               full_tiles=full is not None, input_grads=tuple(self.input_grads),
-                              statistics=statistics, group=group, held=bool(held and not statistics))
+                              statistics=statistics, group=group, held=bool(held and not statistics),
+                              redo=bool(self.redo))
 
     def held_gate(self, group: bool) -> list[str]:
         """The kernel is launched twice, once per value of the constexpr HELD, and each program

@@ -40,6 +40,8 @@ class BackwardKernel:
     group: bool = False    # one program per key tile of a K/V head (TileProgram.group; constexprs GROUP, G_INNER)
     held: bool = False     # launched twice (constexpr HELD): the heads with no row held in eager's
                            # rounding, then those with one (codegen/backward.py, held_block)
+    redo: bool = False     # launched again after (constexpr REDO): the key tiles whose dV overflowed in the
+                           # kernel's order summed again scaled (tile.ir.Accumulate.unbounded)
 
 
 @dataclasses.dataclass

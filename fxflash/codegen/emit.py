@@ -35,7 +35,7 @@ from ..patterns.region import PLAIN, ROW as ROW_FORM, ROW_LAYOUTS, Region, uncas
 from ..patterns.chains import OUTPUT_REDUCTIONS
 from ..patterns.rules import HOMOMORPHISMS, LN2, LOG2E, MAX_HEAD_DIM, ONLINE_REDUCTIONS, POSITIVE_SCALE
 from ..tile.ir import Accumulate, Dot, Finish, Index, Load, Map, RowReduce, TileProgram
-from ..tile.backward import attention_output
+from ..tile.backward import attention_output, unbounded_p
 from ..tile.lower import lower
 from ..tile.outside import VECTOR_VIEWS, Outside
 from .printers import (GPU_HELPERS, HELPER_CALLS, HELPERS, PRINTERS, TL, Call, Namespace, Unprintable,
@@ -64,6 +64,10 @@ OFFSET_GUARD = f"tl.maximum({{m}}, {-FLT_MAX!r}, propagate_nan=tl.PropagateNan.A
 # does; fp16 rows from ``|m₂| ≥ 2¹⁴``, where eager's own rounding decides (its ``finfo.min`` mask
 # rounds ``s − 65504`` to steps of 32). docs/architecture.md, "Saturated rows and the repair kernel".
 SATURATION_LOG2 = {torch.float16: float(1 << 14), torch.bfloat16: float(1 << 26)}
+# An unbounded P (tile.backward.unbounded_p) is summed scaled by 1/REDO_SCALE where a sum in the
+# kernel's order overflowed: by the repair kernel here, by the backward's REDO launch. A power of two
+# scales exactly, and 2⁶⁴ keeps a sum of up to 2³² finite fp32 products below fp32's largest value.
+REDO_SCALE = 2.0 ** 64
 # The settings under which the kernel prints eager's form: no score fold, no exp2 multiply-add.
 EXACT_FORMS = dict(exp2_fma=False, log2_max=False, fold_scale=False, fold_scale_add=False)
 
@@ -888,6 +892,8 @@ class _Printer:
         the accumulator stays below ``N·65504``. Any other deferral (``s / Σ|s|``, a constant
         below 1, a bf16 or fp32 V) can overflow at extreme values."""
         r = self.r
+        if self.scaled_p():
+            return False
 
         def softmax_term(node, form) -> bool:
             while node in r.passthrough or uncast(node) is not node:  # through deferred factors and casts
@@ -902,6 +908,12 @@ class _Printer:
         return not deferred or (r.v.node.meta["val"].dtype is torch.float16
                                 and all(softmax_term(node, form) for _, node, form in r.terms))
 
+    def scaled_p(self) -> bool:
+        """Is P unbounded (tile.backward.unbounded_p) over a V that is not fp16, so that the kernel
+        flags a row whose ``Σ P·V`` is not finite and the repair kernel sums it scaled by
+        1/REDO_SCALE? fp16 products are below 2³², and no fp32 sum of them overflows."""
+        return unbounded_p(self.r) and self.r.v.node.meta["val"].dtype is not torch.float16
+
     def accumulate(self, terms: list, tiles: list, v_dtype, rescale: bool) -> list[str]:
         """Loop lines that add each term's ``tile·V`` into its accumulator (accumulate_term)."""
         return [line for t, ((_, _, form), tile) in enumerate(zip(terms, tiles))
@@ -911,7 +923,8 @@ class _Printer:
         """Loop lines that add term ``t``'s ``tile·V`` into ``acc<t>``, rescaled first by the
         term's running maximum where ``rescale``."""
         lines = []
-        p_tile = f"{self.L.where}(col_ok, {tile}, 0.0).to(v_ptr.dtype.element_ty)"
+        scale = f" * {REDO_SCALE ** -1!r}" if self.two_pass and self.scaled_p() else ""
+        p_tile = f"({self.L.where}(col_ok, {tile}, 0.0){scale}).to(v_ptr.dtype.element_ty)"
         if rescale and form.scale is not None:
             lines.append(f"acc{t} = acc{t} * alpha_{self.label(form.scale)}{self.sfx(form.stream)}")
         lines.append(f"acc{t} = {self.dot(p_tile, 'v', v_dtype, f'acc{t}')}")
@@ -1122,7 +1135,8 @@ class _Printer:
             self.post.append(f"{L.store}({ptr} + lin.to({L.int64}) * M + {ROW}, "
                              f"{code}.to({ptr}.dtype.element_ty), mask={ROW} < M)")
         self.out_at = len(self.post)
-        finished = [f"acc{t}" if self.two_pass else self.finish(f"acc{t}", form.scale, form.factors, form.stream)
+        unscale = f" * {REDO_SCALE!r}" if self.two_pass and self.scaled_p() else ""   # accumulate_term's scale undone
+        finished = [f"acc{t}{unscale}" if self.two_pass else self.finish(f"acc{t}", form.scale, form.factors, form.stream)
                     for t, (_, _, form) in enumerate(terms)]
         parts = [("+" if sign > 0 else "-") + f" {acc}" + (f" * {c!r}" if c != 1.0 else "")
                  for (sign, _, _), acc, (_, c) in zip(terms, finished, self.term_factors)]

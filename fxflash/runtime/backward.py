@@ -458,7 +458,7 @@ def _bound(kernel, launched) -> _Bound | None:
 def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
             repaired_only: bool = False, group=None):
     """``run(tile)``: the launches of ``kernel`` at ``tile`` (``_launch``; one, or one per value of
-    HELD for a ``held`` kernel), returning what ``_bound`` reads; a grouped kernel's programs per
+    HELD for a ``held`` kernel, each again with REDO for a ``redo`` kernel), returning what ``_bound`` reads; a grouped kernel's programs per
     K/V head (``group``: its GROUP, G_INNER)."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
@@ -487,10 +487,12 @@ def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_g
             flags["GROUP"], flags["G_INNER"] = group
         args = [*(own[name] for name in kernel.own), *_kernel_args(kernel.args, values)]
         launches = []
-        for held in (False, True) if kernel.held else (None,):
-            constexprs = {**dims, "BLOCK_M": bm, "BLOCK_N": bn, **flags, **({} if held is None else {"HELD": held})}
-            compiled = fn[grid](*args, **constexprs, num_warps=warps, num_stages=stages)
-            launches.append((fn, compiled, grid, args, constexprs, block))
+        for redo in (False, True) if kernel.redo else (None,):   # REDO reads what the first launches stored
+            for held in (False, True) if kernel.held else (None,):
+                constexprs = {**dims, "BLOCK_M": bm, "BLOCK_N": bn, **flags, **({} if held is None else {"HELD": held}),
+                              **({} if redo is None else {"REDO": redo})}
+                compiled = fn[grid](*args, **constexprs, num_warps=warps, num_stages=stages)
+                launches.append((fn, compiled, grid, args, constexprs, block))
         return launches
 
     return run

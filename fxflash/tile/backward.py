@@ -59,6 +59,7 @@ import torch.fx as fx
 from ..analysis import OpKind
 from ..analysis.ops import packet
 from ..patterns.region import Region
+from ..patterns.sparsity import score_bound
 from .ir import Accumulate, Dot, Load, Map, RowReduce, SkipIf, Store, TileProgram
 from .lower import _Lowering, _op_name, _size
 
@@ -258,6 +259,19 @@ def elementwise_form(r: Region) -> fx.Node | None:
     return p if not more and sign == 1 and not form.factors else None
 
 
+def unbounded_p(r: Region) -> bool:
+    """Is P an elementwise function of the scores not bounded by 1 (a ReLU's, over scores that
+    ``finfo.max`` reaches)? Then a sum of P's terms (``P·V``, ``Pᵀ·dO``) can overflow in a kernel's
+    order where eager's stays finite. A softmax's P and a normalization by ``Σ|x|`` are at most 1,
+    as are a sigmoid's and a tanh's: their sums stay within the count times the other operand's
+    largest value, whatever the order."""
+    p = elementwise_form(r)
+    if p is None:
+        return False
+    bound = score_bound(p, r.frame, float("inf"))
+    return bound is None or bound[1].dot != 0 or abs(bound[1].const) > 1
+
+
 def _passes_gradient(node: fx.Node) -> bool:
     """A cast, or a view with as many elements as its input (no broadcast, whose gradient sums)."""
     if packet(node.target) is aten._to_copy:
@@ -439,6 +453,7 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
     input_grads = tuple(Store(grads[a], f"d{a.name}", "scores") for a in loaded if a in grads)
     frame = tuple(_size(s) for s in r.frame.meta["val"].shape)
     out = attention_output(r).name
+    unbounded = unbounded_p(r)
     delta = TileProgram(
         f"{name}_bwd_delta", frame, (Load("do", f"d{out}", "output"), Load("o", out, "output")), (), (),
         (Map("do_o", "mul", ("do", "o"), "row"), Map("delta", "sum", ("do_o", -1), "row")),
@@ -494,7 +509,8 @@ def lower_backward(region: Region, kinds: dict, printable, name: str = "fxflash_
             f"{name}_bwd_{suffix}", frame,
             (kv._operand("k", r.k, "keys", r.D, key_side=True), kv._operand("v", r.v, "keys", r.Dv)),
             tuple(SkipIf(m.condition.name, m.masked_when, "row") for m in _skipping(r)),
-            (*rows, *recompute(kv), Accumulate("dv_acc", "p", "do", transposed=True), Dot("dp", "do", "v"),
+            (*rows, *recompute(kv), Accumulate("dv_acc", "p", "do", transposed=True, unbounded=unbounded),
+             Dot("dp", "do", "v"),
              *gradient_of_x(), *derivative, Accumulate("dk_acc", "ds", "q", transposed=True), *dq_part),
             (*_scaled("dk", r.k, "dk_acc"), *_scaled("dv", r.v, "dv_acc")),
             (Store("dk", f"d{r.k.node.name}", "keys"), Store("dv", f"d{r.v.node.name}", "keys")),

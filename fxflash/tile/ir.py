@@ -113,7 +113,10 @@ class RowReduce:
 class Accumulate:
     """``acc += sign · p · v`` (``[BM, BN] · [BN, Dv]``), rescaled like ``p``'s running maximum;
     ``transposed``: ``acc += pᵀ · v`` (a backward's ``dV += Pᵀ·dO``, per key tile); ``fresh``:
-    ``acc = p · v``, this tile's own product (a partial sum a Store adds to memory)."""
+    ``acc = p · v``, this tile's own product (a partial sum a Store adds to memory); ``unbounded``:
+    ``p`` is not bounded by 1 (a ReLU's P over a score ``finfo.max`` reaches), so the sum can
+    overflow in the kernel's order where eager's stays finite: a tile whose sum is not finite is
+    summed again with ``p·2⁻⁶⁴`` (exact) and scaled back (codegen/backward.py, ``REDO``)."""
 
     acc: str
     p: str
@@ -122,12 +125,14 @@ class Accumulate:
     rescaled_by: str | None = None
     transposed: bool = False
     fresh: bool = False
+    unbounded: bool = False
 
     def __str__(self) -> str:
         rescale = f", rescaled when {self.rescaled_by} grows" if self.rescaled_by else ""
+        redo = ", summed again scaled where it overflows" if self.unbounded else ""
         p = f"{self.p}ᵀ" if self.transposed else self.p
         op = "=" if self.fresh else "+=" if self.sign > 0 else "-="
-        return f"{self.acc} {op} dot({p}, {self.v}){rescale}"
+        return f"{self.acc} {op} dot({p}, {self.v}){rescale}{redo}"
 
 
 @dataclasses.dataclass(frozen=True)
