@@ -55,9 +55,14 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
         report.steps = [step.text for step in region.steps] + [
             f"block sparsity: {why}" for why in plan.unclassified] + [*_own_ops_line(plan), gluon_line]
         report.backward = plan.backward_note
+        if plan.twin is not None:
+            report.steps.append("backward: through the twin of its streams (runtime/twin.py): each stream's P·V "
+                                "over the score frame's own heads, one softmax attention with its own fused "
+                                "kernels, then the streams' combination applied to their outputs")
         report.backward_programs = ((*plan.backward.programs, *plan.backward.grouped_programs,
                                      *filter(None, (plan.backward.exact_delta_program,)))
-                                    if plan.backward is not None else ())
+                                    if plan.backward is not None else
+                                    plan.twin.report.backward_programs if plan.twin is not None else ())
         report.transformations = transformations(analysis, region)
         report.dims = region_dims(analysis, region)
         outputs = [region.output, *region.side_outputs]
@@ -74,11 +79,39 @@ def _backward(region, kinds, plan):
     from .tile.backward import BackwardRefused
 
     try:
+        if region.split is not None:
+            return None, _twin(region, plan)
         return emit_backward(region, kinds, plan, PRINTERS), "fused"
     except (BackwardRefused, Unprintable) as exc:
         return None, f"eager recompute: {exc}"
     except Exception as exc:  # noqa: BLE001 - see the docstring
         return None, f"eager recompute: internal error ({type(exc).__name__}: {exc})"
+
+
+def _twin(region, plan) -> str:
+    """A region with softmax streams: its twin (runtime/twin.py) built and fused on tensors of the
+    region's input layouts, kept as ``plan.twin``; the backward note says which way it runs."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from .runtime.rewrite import reference_subgraph
+    from .runtime.twin import build_twin, twin_refusal
+
+    why = twin_refusal(region)
+    if why is not None:
+        return f"eager recompute: several softmax streams, {why}"
+    reference, extra = reference_subgraph([region.output, *region.side_outputs], plan.input_nodes)
+    values = [n.meta["val"] for n in plan.input_nodes]
+    extras = [n.meta["val"] for n in extra]
+    if not all(type(x) in (int, float) for x in extras):
+        return "eager recompute: several softmax streams, sizes known only at run time"
+    with unset_fake_temporarily():
+        inputs = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for v in values]
+        try:
+            plan.twin = build_twin(region, reference, inputs, extras)
+        except ValueError as exc:
+            return f"eager recompute: several softmax streams, {exc}"
+    return "fused"
 
 
 def _training_forward(region, kinds, plan):

@@ -55,7 +55,8 @@ class RegionReport:
                programs in ``backward_programs``: row statistics; Δ; dK and dV; dQ, fxflash.tile.backward;
                for grouped-query attention also dK and dV per K/V head, ``TileProgram.group``; and Δ
                summed over the keys, ``…_exact_delta``, which replaces Δ's program in 16 bits
-               where the forward stored no fp32 O: config.exact_delta) or
+               where the forward stored no fp32 O: config.exact_delta; for softmax streams, those of
+               their twin's region, runtime/twin.py) or
                ``"eager recompute: <why>"`` (the region's own ops recomputed with autograd).
     """
 

@@ -23,7 +23,7 @@ FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum
          "evoformer_row",                         # a gate and a transpose after P·V
          "softmax_one",                           # the quiet softmax: exp(x) / (1 + Σ exp(x))
          "retention_norm"]                        # x / max(Σ|x|, 1)
-EAGER = {"diff_attention": "several score contractions"}
+EAGER = {"invariant_point_attention": "several score contractions"}
 
 
 def _fused_backward(name, args):
@@ -58,6 +58,30 @@ def test_regions_outside_the_form_recompute_eagerly_and_say_why(name, why):
     notes = _fused_backward(name, args)
     assert all(note.startswith("eager recompute: ") for note in notes) and why in notes[0]
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
+
+
+STREAMS = [("diff_attention", torch.float32), ("diff_attention", torch.float16), ("diff_attention_causal", torch.float32),
+           ("diff_transformer", torch.float32), ("diff_transformer", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("name,dtype", STREAMS, ids=str)
+def test_softmax_streams_train_through_their_twins_fused_backward(name, dtype, monkeypatch):
+    """Differential attention's streams are differentiated through their twin (runtime/twin.py):
+    each stream's P·V over the score frame's heads, whose region's fused backward runs; λ, the
+    Diff Transformer's λ vectors and its RMSNorm weight get autograd's through the combination."""
+    import fxflash.runtime.backward as backward
+
+    ran = []
+    run_backward = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: ran.append(a[0]) or run_backward(*a, **k))
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPE, dtype)
+    (region,) = assert_fused(fxflash.explain(variant.fn, *args))
+    assert region.backward == "fused" and any(step.startswith("backward: through the twin") for step in region.steps)
+    assert {"dkdv", "dq"} <= {p.name.rsplit("_", 1)[-1] for p in region.backward_programs}
+    wrt = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point())
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt)
+    assert ran, "the twin's fused backward did not run"
 
 
 def _biased(q, k, v, bias):

@@ -131,6 +131,18 @@ def test_16_bit_rows_a_few_keys_dominate_on_gpu(atomics, monkeypatch):
     assert_gradients_accurate(_tempered, fxflash.optimize(_tempered, inner="eager"), args, wrt=(0, 1, 2, 3))
 
 
+@pytest.mark.parametrize("name", ["diff_attention", "diff_attention_causal", "diff_transformer"])
+@pytest.mark.parametrize("shape", ["odd", "d128"])
+def test_softmax_streams_train_through_their_twin_on_gpu(name, shape):
+    """bf16 gradients of differential attention's inputs, λ's and the Diff Transformer's λ vectors
+    and norm weight included, through the twin's fused kernels (runtime/twin.py)."""
+    variant = VARIANTS[name]
+    args = variant.inputs(SHAPES[shape], torch.bfloat16, "cuda")
+    assert [r.backward for r in fxflash.explain(variant.fn, *args).regions] == ["fused"]
+    wrt = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point())
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn, inner="eager"), args, wrt)
+
+
 def test_gradients_of_the_evoformer_s_gate_and_pair_bias_and_of_alibi_slopes_on_gpu():
     """bf16: the ops after P·V (transpose, gate) differentiated at the output the training forward
     kept, the gate's and the pair bias's gradients; learned ALiBi slopes through the bias the

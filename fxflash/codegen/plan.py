@@ -59,6 +59,7 @@ class KernelPlan:
     training: "KernelPlan | None" = None  # the forward that also stores what the backward reads
                              # (its training_outputs after the region's own results), or None
     training_outputs: tuple = ()  # a training forward's: "m", "inv_l" (fp32 rows), "o" ([*batch, M, Dv])
+    twin: object = None      # runtime/twin.Twin: a region with streams, differentiated through its twin
 
     def symints(self, sizes) -> tuple:
         """This call's values of ``sym_nodes``: the op's last sizes."""
