@@ -152,14 +152,30 @@ class Twin:
     report: object
 
 
+# Twins built in this process, by the reference's code, the inputs' layouts and the extras: the
+# identical layers of a model share one (at most TWINS of them kept).
+TWINS = 64
+_built: dict = {}
+
+
 def build_twin(r: Region, reference: fx.GraphModule, inputs: list, extras: list) -> Twin:
     """The twin of ``r`` (twin_refusal holds) captured on ``inputs`` (tensors of the region's input
-    layouts) with ``extras`` baked in, and fused. Raises ValueError where its region did not fuse
-    with a fused backward."""
+    layouts) with ``extras`` baked in, and fused; one built before for the same ops and layouts is
+    reused. Raises ValueError where its region did not fuse with a fused backward."""
+    spec = stream_twin(r)
+    key = (reference.code, spec, tuple(extras),
+           tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
+    if key not in _built:
+        if len(_built) >= TWINS:
+            _built.clear()
+        _built[key] = _fused_twin(twin_graph(reference, spec), inputs, extras)
+    return _built[key]
+
+
+def _fused_twin(module: fx.GraphModule, inputs: list, extras: list) -> Twin:
     from ..capture.trace import capture
     from ..pipeline import optimize_graph
 
-    module = twin_graph(reference, stream_twin(r))
 
     def run(*tensors):
         return module(*tensors, *extras)
