@@ -84,6 +84,13 @@ def test_softmax_streams_train_through_their_twins_fused_backward(name, dtype, m
     assert ran, "the twin's fused backward did not run"
 
 
+def test_softmax_streams_wider_than_the_twins_tiles_recompute_and_say_why():
+    """Past TWIN_MAX_WIDTH (here V 256 wide) the twin's backward runs slower than the recompute."""
+    variant = VARIANTS["diff_attention"]
+    (region,) = assert_fused(fxflash.explain(variant.fn, *variant.inputs(Shape(B=1, H=1, M=8, N=8, D=128, Dv=128))))
+    assert region.backward.startswith("eager recompute: ") and "256-wide" in region.backward
+
+
 def _biased(q, k, v, bias):
     return torch.softmax(q @ k.transpose(-1, -2) * 0.2 + bias, -1) @ v
 

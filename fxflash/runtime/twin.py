@@ -27,6 +27,7 @@ import torch.fx as fx
 from torch.fx.passes.tools_common import legalize_graph
 
 from ..analysis.ops import packet
+from ..codegen.plan import pow2
 from ..patterns.region import Region
 from ..tile.backward import attention_output
 
@@ -34,6 +35,11 @@ aten = torch.ops.aten
 _SUMS = {aten.add, aten.sub}       # a sum of two streams' values (or of one and a constant)
 _SCALINGS = {aten.mul, aten.div}   # a stream's value times, or over, a factor constant along the keys
 _VIEWS = {aten.view, aten._unsafe_view, aten.reshape, aten.expand}
+# The widest head dim (D, or the streams' V, 2·D in the Diff Transformer) a twin is built for. On an
+# H100 (bf16, B = 4, 4k, one forward plus backward, benchmarks/NOTES.md) the twin took differential
+# attention from 39.9 to 30.1 ms at D = 64 (V 128 wide) and from 22.9 to 43.4 ms at D = 128 (V 256
+# wide, whose backward kernels hold 32-row tiles): there the region's own ops are recomputed.
+TWIN_MAX_WIDTH = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +72,9 @@ def twin_refusal(r: Region) -> str | None:
     shapes = [tuple(n.meta["val"].shape) for n in (r.frame, split.view, attention_output(r))]
     if not all(_static(s) for s in shapes):
         return "sizes known only at run time"
+    if pow2(max(r.D, r.Dv)) > TWIN_MAX_WIDTH:
+        return (f"its twin's backward would hold {max(r.D, r.Dv)}-wide tiles, which run slower than the "
+                f"recompute (at most {TWIN_MAX_WIDTH})")
     out_rank = len(attention_output(r).meta["val"].shape)
     for node in r.combined:
         if node in split.selects:
