@@ -54,7 +54,7 @@ SCORE_OPS = st.lists(
     max_size=3,
 )
 NORMALIZATIONS = st.sampled_from(["softmax", "manual", "softmax_one", "softmax_one_exp2", "sigmoid", "relu",
-                                  "row_sum", "learned_lambda"])
+                                  "row_sum", "learned_lambda", "streams"])
 EPILOGUES = st.sampled_from([None, "gate", "transpose_gate", "add"])
 
 PROGRAMS = st.fixed_dictionaries({
@@ -147,14 +147,17 @@ def make_program(spec):
             tensors.append(torch.rand(*shape, generator=g) > 0.25)
         elif op[0] == "temperature":
             tensors.append(torch.tensor(op[1], dtype=dtype))
-    if spec["norm"] == "learned_lambda":
+    # "streams": the Diff Transformer's pairs of score maps (H/2 output heads; a softmax where H is 1)
+    streams = spec["norm"] == "streams" and H % 2 == 0
+    if spec["norm"] == "learned_lambda" or streams:
         tensors.append(torch.tensor(0.3, dtype=dtype))
-    out_shape = (B, M, H, Dv) if bshd else (B, H, M, Dv)
+    Ho = H // 2 if streams else H
+    out_shape = (B, M, Ho, Dv) if bshd else (B, Ho, M, Dv)
     epilogue = spec["epilogue"]
     if epilogue in ("gate", "add"):
         tensors.append(rnd(*out_shape))
     elif epilogue == "transpose_gate":
-        tensors.append(rnd(*((B, H, M, Dv) if bshd else (B, M, H, Dv))))
+        tensors.append(rnd(*((B, Ho, M, Dv) if bshd else (B, M, Ho, Dv))))
 
     def program(q, k, v, *extra):
         extra = list(extra)
@@ -193,7 +196,14 @@ def make_program(spec):
                 s = s.masked_fill(~keep, float("-inf"))
             else:
                 s = s.masked_fill(~_as_drawn(extra.pop(0), op, s), float("-inf"))
-        o = _normalize(s, spec["norm"], extra.pop(0) if spec["norm"] == "learned_lambda" else None) @ v
+        if spec["norm"] == "streams":   # softmax over the H maps, viewed as H/2 pairs, the second weighted by λ
+            p = torch.softmax(s, dim=-1)
+            if streams:
+                p = p.view(p.size(0), Ho, 2, p.size(-2), p.size(-1))
+                p, v = p[:, :, 0] - extra.pop(0) * p[:, :, 1], v[:, :Ho]
+            o = p @ v
+        else:
+            o = _normalize(s, spec["norm"], extra.pop(0) if spec["norm"] == "learned_lambda" else None) @ v
         if bshd:
             o = o.transpose(1, 2)
         if epilogue == "gate":

@@ -182,6 +182,8 @@ def build_twin(r: Region, reference: fx.GraphModule, inputs: list, extras: list)
 
 
 def _fused_twin(module: fx.GraphModule, inputs: list, extras: list) -> Twin:
+    from torch._guards import tracing
+
     from ..capture.trace import capture
     from ..pipeline import optimize_graph
 
@@ -189,7 +191,10 @@ def _fused_twin(module: fx.GraphModule, inputs: list, extras: list) -> Twin:
     def run(*tensors):
         return module(*tensors, *extras)
 
-    captured = capture(run, tuple(inputs))
+    # traced apart from the compiler's own tracing (the backend builds twins inside Dynamo's), as
+    # the backend traces its graphs: no guard of this trace reaches Dynamo's shape environment
+    with tracing(None):
+        captured = capture(run, tuple(inputs))
     fused, report = optimize_graph(captured.graph_module)
     regions = [region for region in report.regions if region.fused]
     if len(regions) != 1 or regions[0].backward != "fused":
