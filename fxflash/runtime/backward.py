@@ -458,8 +458,8 @@ def _bound(kernel, launched) -> _Bound | None:
 def _runner(plan, kernel, own: dict, inputs: list, frame: list, symints, input_grads: bool = False,
             repaired_only: bool = False, group=None):
     """``run(tile)``: the launches of ``kernel`` at ``tile`` (``_launch``; one, or one per value of
-    HELD for a ``held`` kernel, each again with REDO for a ``redo`` kernel), returning what ``_bound`` reads; a grouped kernel's programs per
-    K/V head (``group``: its GROUP, G_INNER)."""
+    HELD for a ``held`` kernel, then each again with REDO for a ``redo`` kernel), returning what
+    ``_bound`` reads; a grouped kernel's programs per K/V head (``group``: its GROUP, G_INNER)."""
     *batch_sizes, m, n = frame
     batch = math.prod(batch_sizes)
     if kernel.group:
