@@ -100,6 +100,9 @@ class RegionData:
     epilogue: tuple | None        # (GraphData, extras, inputs) of a Subgraph
     computed: dict
     views: tuple | None
+    # a region with softmax streams: its twin (runtime/twin.Twin) as (GraphData of its fused module,
+    # [(key, RegionData)] of the regions it calls, extras)
+    twin: tuple | None = None
 
 
 # ---------------------------------------------------------------------------------------- the key
@@ -309,23 +312,48 @@ def _plan_data(plan):
 
 
 def region_data(entry) -> RegionData:
+    from .op import registered
+
     def sub(s):
         return None if s is None else (graph_data(s.module), s.extras, s.inputs)
 
-    return RegionData(_plan_data(entry.plan), graph_data(entry.reference), entry.out_ranks, entry.extra_is_float,
-                      sub(entry.epilogue), {j: sub(s) for j, s in entry.computed.items()}, entry.views)
+    twin = entry.plan.twin
+    if twin is not None:
+        twin = (graph_data(twin.module), [(n.args[0], region_data(registered(n.args[0])))
+                                          for n in _region_calls(twin.module)], twin.extras)
+    return RegionData(_plan_data(dataclasses.replace(entry.plan, twin=None)), graph_data(entry.reference),
+                      entry.out_ranks, entry.extra_is_float, sub(entry.epilogue),
+                      {j: sub(s) for j, s in entry.computed.items()}, entry.views, twin)
 
 
 def region_of(data: RegionData):
     from .cache import load_kernel
     from .op import RegisteredRegion, Subgraph
+    from .twin import Twin
 
     def sub(s):
         return None if s is None else Subgraph(graph_of(s[0]), s[1], s[2])
 
-    return RegisteredRegion(data.plan, load_kernel(data.plan.source, data.plan.name), graph_of(data.reference),
+    plan = data.plan
+    if data.twin is not None:   # its regions registered anew, as the graph's own (recall)
+        graph, regions = _registered_graph(*data.twin[:2])
+        plan = dataclasses.replace(plan, twin=Twin(graph, data.twin[2], None))
+    return RegisteredRegion(plan, load_kernel(plan.source, plan.name), graph_of(data.reference),
                             data.out_ranks, data.extra_is_float, sub(data.epilogue),
                             {j: sub(s) for j, s in data.computed.items()}, data.views)
+
+
+def _registered_graph(graph: GraphData, regions: list) -> tuple:
+    """The graph rebuilt with its regions (``[(stored key, RegionData)]``) registered anew: each
+    under its stored key in a process that has not used it, so that Inductor's caches recognise the
+    graph; under another where it has."""
+    from .op import owned, register
+
+    entries = [region_of(data) for _, data in regions]
+    renamed = {old: register(entry, None) for (old, _), entry in zip(regions, entries)}
+    rebuilt = graph_of(with_region_keys(graph, renamed))
+    owned[rebuilt] = list(entries)
+    return rebuilt, entries
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -502,7 +530,6 @@ def recall(key: str) -> tuple | None:
     the rebuilt graph; (None, [], None, report) for a graph with nothing fused; None where nothing is
     stored or the entry cannot be rebuilt."""
     from ..capture.trace import CapturedGraph
-    from .op import owned, register
 
     stored = load(key)
     if stored is None:
@@ -510,12 +537,7 @@ def recall(key: str) -> tuple | None:
     if stored.graph is None:
         return None, [], None, stored.report
     try:
-        regions = [region_of(data) for _, data in stored.regions]
-        # each region registered anew: its key is the stored one in a process that has not used it,
-        # so that Inductor's caches recognise the graph; another where it has
-        renamed = {old: register(entry, None) for (old, _), entry in zip(stored.regions, regions)}
-        graph = graph_of(with_region_keys(stored.graph, renamed))
-        owned[graph] = list(regions)
+        graph, regions = _registered_graph(stored.graph, stored.regions)
         captured = CapturedGraph(None, pytree.treespec_loads(stored.in_spec), stored.tensor_positions,
                                  pytree.treespec_loads(stored.out_spec), "remembered")
     except Exception as exc:  # noqa: BLE001 - an entry this process cannot rebuild is compiled afresh
