@@ -20,7 +20,8 @@ FUSED = ["vanilla", "scale_q_first", "manual_softmax", "bshd", "einsum", "einsum
          "gqa_expand", "alibi", "softcap", "causal", "sliding_window", "prefix_lm", "block_causal",
          "dilated_window", "neighbourhood_2d", "document_mask", "key_padding", "key_lengths", "additive_mask",
          "sigmoid_attention", "relu_attention",   # P an elementwise function of the scores
-         "evoformer_row",                         # a gate and a transpose after P·V
+         "evoformer_row", "evoformer_col",        # a gate and a transpose after P·V
+         "sdpa_key_lengths",                      # SDPA's safe softmax: a row every key masks is 0
          "softmax_one",                           # the quiet softmax: exp(x) / (1 + Σ exp(x))
          "retention_norm"]                        # x / max(Σ|x|, 1)
 EAGER = {"invariant_point_attention": "several score contractions"}
@@ -82,6 +83,23 @@ def test_softmax_streams_train_through_their_twins_fused_backward(name, dtype, m
     wrt = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point())
     assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt)
     assert ran, "the twin's fused backward did not run"
+
+
+def test_the_safe_softmax_of_a_row_every_key_masks_gives_it_no_gradient():
+    """SDPA's math form divides by ``where(Σ == 0, 1, Σ)``: a batch item of length 0 has P = 0 on
+    every row, and so are its dQ, dK and dV, as eager's; the other items train as a softmax."""
+    variant = VARIANTS["sdpa_key_lengths"]
+    q, k, v, lengths = variant.inputs(SHAPE)
+    args = (q, k, v, torch.tensor([SHAPE.N, 0]))
+    assert _fused_backward("sdpa_key_lengths", args) == ["fused"]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
+
+
+def test_two_attention_calls_of_differential_attention_each_train_fused():
+    variant = VARIANTS["diff_attention_chunked"]
+    args = variant.inputs(SHAPE)
+    assert _fused_backward("diff_attention_chunked", args) == ["fused", "fused"]
+    assert_gradients_accurate(variant.fn, fxflash.optimize(variant.fn), args, wrt=(0, 1, 2))
 
 
 def test_softmax_streams_wider_than_the_twins_tiles_recompute_and_say_why():

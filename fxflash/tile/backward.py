@@ -57,7 +57,7 @@ import torch
 import torch.fx as fx
 
 from ..analysis import OpKind
-from ..analysis.ops import packet
+from ..analysis.ops import constant_value, packet
 from ..patterns.region import Region
 from ..patterns.sparsity import score_bound
 from .ir import Accumulate, Dot, Load, Map, RowReduce, SkipIf, Store, TileProgram
@@ -181,8 +181,9 @@ def softmax_form(r: Region) -> tuple:
     if more or sign != 1 or len(factors) != 1 or factors[0][0] != "div" or shift not in (maxes[0].node, *r.epilogue):
         raise BackwardRefused(f"{p.name}: P·V with P other than the softmax's exp / sum")
     d = factors[0][1]
-    if d is not sums[0].node and not _quiet_divisor(d, sums[0].node, shift):
-        raise BackwardRefused(f"{d.name}: a softmax's divisor other than Σ exp(x − c) or Σ exp(x − c) + exp(−c)")
+    if d is not sums[0].node and not _quiet_divisor(d, sums[0].node, shift) and not _safe_divisor(d, sums[0].node):
+        raise BackwardRefused(f"{d.name}: a softmax's divisor other than Σ exp(x − c), Σ exp(x − c) + exp(−c) "
+                              "or the safe softmax's")
     e = sums[0].source
     while _passes_gradient(p):   # P rounded to V's dtype (a 16-bit softmax), or viewed in the score
         p = p.args[0]            # frame (an expand to its own sizes): the gradient passes unchanged
@@ -230,6 +231,17 @@ def statistics_nodes(r: Region) -> tuple:
     ``m`` and (their reciprocal) ``inv_l``: (c, d) of softmax_form or (S, n) of abs_sum_form."""
     norm = abs_sum_form(r)
     return norm[:2] if norm is not None else softmax_form(r)[:2]
+
+
+def _safe_divisor(d: fx.Node, total: fx.Node) -> bool:
+    """Is ``d`` = ``where(total == 0, 1, total)``, the safe softmax's (SDPA's math form)? A row whose
+    every key is masked has ``total = 0`` and P = 0 there, and ``dx = P ⊙ (dP − Δ)`` is 0, as eager's;
+    its statistics (the region's own row ops: ``c = 0``, ``d = 1``) recompute that P = 0."""
+    if packet(d.target) is not aten.where or d.args[2] is not total:
+        return False
+    cond = d.args[0]
+    return (isinstance(cond, fx.Node) and packet(cond.target) is aten.eq and cond.args[0] is total
+            and constant_value(cond.args[1], None) == 0 and constant_value(d.args[1], None) == 1)
 
 
 def _quiet_divisor(d: fx.Node, total: fx.Node, c: fx.Node) -> bool:
