@@ -52,13 +52,12 @@ def _region_report(analysis, chain, reason="", rule="", stopped_at=None, region=
             gluon_line = ("Gluon kernel (Hopper): printed; the tuner times it beside the Triton kernel, one CTA "
                           f"per item on rows of at least {GLUON_MIN_KEYS} keys"
                           + (", on a persistent grid on shorter rows" if plan.gluon.dense else ""))
+        twin = ["backward: through the twin of its streams (runtime/twin.py): each stream's P·V over the score "
+                "frame's own heads, one softmax attention with its own fused kernels, then the streams' "
+                "combination applied to their outputs"] if plan.twin is not None else []
         report.steps = [step.text for step in region.steps] + [
-            f"block sparsity: {why}" for why in plan.unclassified] + [*_own_ops_line(plan), gluon_line]
+            f"block sparsity: {why}" for why in plan.unclassified] + [*twin, *_own_ops_line(plan), gluon_line]
         report.backward = plan.backward_note
-        if plan.twin is not None:
-            report.steps.append("backward: through the twin of its streams (runtime/twin.py): each stream's P·V "
-                                "over the score frame's own heads, one softmax attention with its own fused "
-                                "kernels, then the streams' combination applied to their outputs")
         report.backward_programs = ((*plan.backward.programs, *plan.backward.grouped_programs,
                                      *filter(None, (plan.backward.exact_delta_program,)))
                                     if plan.backward is not None else
