@@ -52,23 +52,6 @@ def test_a_graph_compiled_again_is_loaded_with_its_regions(remembering, name):
     assert not isinstance(fxflash.explain(variant.fn, *args).regions[0].chain, RememberedChain)
 
 
-def test_a_remembered_region_with_streams_trains_through_its_twin(remembering, monkeypatch):
-    """The twin (runtime/twin.py) is stored with the region and rebuilt with its own regions."""
-    import fxflash.runtime.backward as backward
-
-    ran = []
-    run_backward = backward.run_backward
-    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: ran.append(a[0]) or run_backward(*a, **k))
-    variant = VARIANTS["diff_attention"]
-    args = variant.inputs(SHAPE)
-    for run in range(2):
-        torch._dynamo.reset()
-        compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="eager", keep_reports=False))
-        with recording() as reports:
-            assert_gradients_accurate(variant.fn, compiled, args, wrt=(0, 1, 2))
-    assert set(reports[0].seconds) == {"remembered graph"} and ran
-
-
 def test_a_region_with_a_gluon_kernel_and_a_training_forward_is_remembered(remembering):
     # fp16 at head dim 64: the region also gets a Gluon kernel for Hopper, and inputs that ask for
     # gradients a training forward; both plans are stored without the FX nodes they were printed from
@@ -82,15 +65,24 @@ def test_a_region_with_a_gluon_kernel_and_a_training_forward_is_remembered(remem
     assert_accurate(variant.fn, [a.detach() for a in args], out.detach())
 
 
-def test_a_remembered_graph_trains_with_its_fused_backward(remembering):
-    variant = VARIANTS["causal"]
+@pytest.mark.parametrize("name", ["causal", "diff_attention"])
+def test_a_remembered_graph_trains_with_its_fused_backward(remembering, name, monkeypatch):
+    """Differential attention's twin (runtime/twin.py) is stored with its region and rebuilt with
+    its own regions: its fused backward runs in the process that loads the graph."""
+    import fxflash.runtime.backward as backward
+
+    ran = []
+    run_backward = backward.run_backward
+    monkeypatch.setattr(backward, "run_backward", lambda *a, **k: ran.append(a[0]) or run_backward(*a, **k))
+    variant = VARIANTS[name]
     args = variant.inputs(SHAPE)
     for run in range(2):
+        ran.clear()
         torch._dynamo.reset()
         compiled = torch.compile(variant.fn, backend=fxflash.backend(inner="eager", keep_reports=False))
         with recording() as reports:
             assert_gradients_accurate(variant.fn, compiled, args, wrt=(0, 1, 2))
-    assert set(reports[0].seconds) == {"remembered graph"}
+    assert set(reports[0].seconds) == {"remembered graph"} and ran
     assert assert_fused(reports[0])[0].backward == "fused"
 
 
