@@ -296,6 +296,12 @@ FOUND = {
                                               strided_q=True, ops=[("index_mask", "band", 0), ("index_mask", "causal", 0)],
                                               norm="softmax", dtype=getattr(torch, dtype))
        for dtype in ("float32", "float16")},
+    # every score shifted by finfo.min, then divided by a temperature: autograd's (a/τ)/τ overflows and
+    # the temperature's gradient is NaN in eager and float64; the kernels' −g·(a/τ)/τ stayed finite
+    "a_temperature_over_finfo_min": dict(B=1, Hkv=1, group=1, M=1, N=33, D=8, Dv=16, gqa="repeat_interleave", seed=70,
+                                         norm="softmax", dtype=torch.float32,
+                                         ops=[("extreme_mask", [False] * 4, "min"), ("scale", 0.5),
+                                              ("temperature", 0.7)]),
     # ReLU attention over (1 − m)·finfo.max: P reaches 6.8·10³⁷, and a key's dV sums 16 such terms of
     # both signs to 2.085·10³⁸, finite in eager's order; the kernel's order overflowed (REDO)
     "relu_over_finfo_max": dict(B=2, Hkv=2, group=2, M=16, N=5, D=8, Dv=8, gqa="repeat_interleave", seed=6,

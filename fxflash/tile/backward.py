@@ -81,9 +81,11 @@ def _mul(node, grad, deps, name):
 def _div(node, grad, deps, name):
     a, b = node.args
     out = [(a, Map(name(a), "div", (grad, _n(b))))] if a in deps else []
-    if b in deps:   # a loaded divisor (never a value of the scores: _derivative): −g·(a/b)/b
+    if b in deps:   # a loaded divisor (never a value of the scores: _derivative): −g·((a/b)/b), in
+        # eager's order (autograd's div_tensor_other_backward): (a/b)/b overflows where eager's does,
+        # as a temperature's over scores near finfo.min, whose gradient is then eager's NaN
         t = name(b)
-        out += [(None, Map(f"{t}_gq", "mul", (grad, node.name))), (None, Map(f"{t}_gqb", "div", (f"{t}_gq", _n(b)))),
+        out += [(None, Map(f"{t}_qb", "div", (node.name, _n(b)))), (None, Map(f"{t}_gqb", "mul", (grad, f"{t}_qb"))),
                 (b, Map(t, "neg", (f"{t}_gqb",)))]
     return out
 
